@@ -1,0 +1,125 @@
+"""Writing benchmark results: ``<out>/<name>.json`` plus a markdown table beside it.
+
+The JSON layout is the one every gpext benchmark uses::
+
+    {"benchmark": str, "command": str, "rows": [{"dataset": str, "method": str, <metric>: float}]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["aggregate_rows", "format_markdown_table", "invocation", "write_results"]
+
+
+def invocation() -> str:
+    """The command line of the running process, for the ``command`` field."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("__main__.py", "gpext")):
+        argv[0] = "gpext"
+    elif argv and argv[0].endswith(".py"):
+        argv = ["python", argv[0], *argv[1:]]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+def format_markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """Render rows (dicts) as a GitHub markdown table; columns default to the union of keys."""
+    if not rows:
+        return "(no rows)\n"
+    if columns is None:
+        columns = []
+        for row in rows:
+            for key in row:
+                if key not in columns:
+                    columns.append(key)
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate_rows(rows: Sequence[dict], keys: Sequence[str] = ("dataset", "method")) -> list[dict]:
+    """Average numeric fields over rows sharing ``keys``; adds ``<metric>_se`` standard errors.
+
+    Rows that differ only in e.g. ``split`` or ``seed`` are merged; ``n`` counts them.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.get(k) for k in keys), []).append(row)
+    out = []
+    skip = {"split", "seed"}
+    for key, members in groups.items():
+        agg = dict(zip(keys, key))
+        metric_names = [
+            m
+            for m in members[0]
+            if m not in keys and m not in skip and isinstance(members[0][m], (int, float))
+        ]
+        for metric in metric_names:
+            vals = [float(r[metric]) for r in members if metric in r]
+            n = len(vals)
+            mean = sum(vals) / n
+            agg[metric] = mean
+            if n > 1 and metric != "n":
+                var = sum((v - mean) ** 2 for v in vals) / (n - 1)
+                agg[f"{metric}_se"] = math.sqrt(var / n)
+        agg["n"] = len(members)
+        out.append(agg)
+    return out
+
+
+def write_results(
+    name: str,
+    rows: Sequence[dict],
+    out_dir: str | Path,
+    *,
+    command: str | None = None,
+    extra: dict | None = None,
+    title: str | None = None,
+) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``.
+
+    Args:
+        name: Benchmark name (file stem and the ``benchmark`` field).
+        rows: Result rows; each has at least ``dataset`` and ``method``.
+        out_dir: Output folder (created if missing).
+        command: Command that produced the rows (default: this process's command line).
+        extra: Additional top-level JSON fields (e.g. goals met, machine info).
+        title: Heading of the markdown file.
+
+    Returns:
+        The paths of the JSON and markdown files.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    command = command or invocation()
+    payload = {"benchmark": name, "command": command, "rows": list(rows)}
+    if extra:
+        payload.update(extra)
+    json_path = out / f"{name}.json"
+    json_path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    md = [f"# {title or name}", "", f"Command: `{command}`", "", format_markdown_table(rows)]
+    if extra:
+        for k, v in extra.items():
+            md.append(f"**{k}**: {json.dumps(v, default=float)}\n")
+    md_path = out / f"{name}.md"
+    md_path.write_text("\n".join(md))
+    return json_path, md_path

@@ -1,0 +1,3 @@
+"""gpext.bootstrap."""
+
+__all__: list[str] = []

@@ -1,0 +1,89 @@
+"""Exceptions and warnings raised by gpext.
+
+Every error gpext raises on purpose derives from :class:`GpextError`.  Errors about
+user input also derive from :class:`ValueError` (or :class:`TypeError`), so code that
+already catches the built-ins keeps working, in the style of BoTorch's
+``InputDataError(BotorchError, ValueError)``.
+
+Messages follow one pattern: *what was expected*, *what was received*, *how to fix it*.
+Use :func:`expected_got` to build them consistently.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GpextError",
+    "InputDataError",
+    "ShapeError",
+    "InputTypeError",
+    "NotFittedError",
+    "DatasetNotFoundError",
+    "DataFormatError",
+    "NumericalError",
+    "GpextWarning",
+    "NumericalWarning",
+    "DataWarning",
+    "expected_got",
+]
+
+
+class GpextError(Exception):
+    """Base class of every error raised by gpext."""
+
+
+class InputDataError(GpextError, ValueError):
+    """An argument has an invalid value (wrong range, non-finite entries, bad labels)."""
+
+
+class ShapeError(InputDataError):
+    """A tensor argument has an incompatible shape."""
+
+
+class InputTypeError(GpextError, TypeError):
+    """An argument has the wrong type (e.g. a float tensor where integer labels are needed)."""
+
+
+class NotFittedError(GpextError, RuntimeError):
+    """A method needs state that is produced by an earlier call (``fit``, ``update``, ...)."""
+
+
+class DatasetNotFoundError(InputDataError, FileNotFoundError):
+    """A dataset name or data directory could not be resolved."""
+
+
+class DataFormatError(InputDataError):
+    """A data file exists but cannot be parsed, or it contains NaNs / inconsistent indices."""
+
+
+class NumericalError(GpextError, RuntimeError):
+    """A numerical procedure failed (non-PSD matrix, failed factorisation, NaN result)."""
+
+
+class GpextWarning(UserWarning):
+    """Base class of every warning issued by gpext."""
+
+
+class NumericalWarning(GpextWarning, RuntimeWarning):
+    """A numerical fallback was used (jitter added, eigenvalues clamped, ...)."""
+
+
+class DataWarning(GpextWarning):
+    """Something about the data looks suspicious but was handled."""
+
+
+def expected_got(what: str, expected: str, got: object, fix: str | None = None) -> str:
+    """Format an error message as ``"<what>: expected <expected>, got <got>. <fix>"``.
+
+    Args:
+        what: Name of the argument or object being checked, e.g. ``"DirichletTransform.labels"``.
+        expected: Description of the accepted values.
+        got: The offending value or a description of it.
+        fix: Optional hint on how to fix the problem.
+
+    Returns:
+        The formatted message.
+    """
+    msg = f"{what}: expected {expected}, got {got}."
+    if fix:
+        msg += f" {fix}"
+    return msg

@@ -1,0 +1,3 @@
+"""Integrations with other libraries; each is imported explicitly by the user."""
+
+__all__: list[str] = []

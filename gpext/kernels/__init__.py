@@ -1,0 +1,3 @@
+"""gpext.kernels."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""gpext.mlls."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""gpext.nn."""
+
+__all__: list[str] = []

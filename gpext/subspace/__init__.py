@@ -1,0 +1,3 @@
+"""gpext.subspace."""
+
+__all__: list[str] = []

@@ -1,0 +1,22 @@
+"""Small shared helpers: progress bars and input validation."""
+
+from gpext.utils.progress import progress_bar, progress_enabled
+from gpext.utils.validation import (
+    as_float_tensor,
+    check_finite,
+    check_float_dtype,
+    check_labels,
+    check_positive_int,
+    check_shape,
+)
+
+__all__ = [
+    "as_float_tensor",
+    "check_finite",
+    "check_float_dtype",
+    "check_labels",
+    "check_positive_int",
+    "check_shape",
+    "progress_bar",
+    "progress_enabled",
+]

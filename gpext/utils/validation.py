@@ -1,0 +1,176 @@
+"""Input checks shared by gpext's public methods.
+
+Each check raises a :mod:`gpext.errors` exception whose message names the argument, what was
+expected, what was received, and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+
+__all__ = [
+    "as_float_tensor",
+    "check_finite",
+    "check_float_dtype",
+    "check_labels",
+    "check_positive_int",
+    "check_shape",
+]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def as_float_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Convert ``x`` (tensor, numpy array or nested sequence) to a floating tensor.
+
+    Args:
+        x: The value to convert.
+        name: Argument name used in error messages.
+        dtype: Target dtype; ``None`` keeps a floating tensor's dtype and uses the default dtype
+            otherwise.
+
+    Returns:
+        A floating-point tensor.
+
+    Raises:
+        InputTypeError: If ``x`` cannot be converted to a numeric tensor.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError) as err:
+            raise InputTypeError(
+                expected_got(name, "a tensor or array of numbers", type(x).__name__)
+            ) from err
+    if t.dtype == torch.bool or t.is_complex():
+        raise InputTypeError(expected_got(name, "a real-valued tensor", f"dtype {t.dtype}"))
+    if dtype is not None:
+        return t.to(dtype)
+    if t.dtype not in _FLOAT_DTYPES:
+        return t.to(torch.get_default_dtype())
+    return t
+
+
+def check_float_dtype(dtype: torch.dtype, name: str = "dtype") -> torch.dtype:
+    """Check that ``dtype`` is ``torch.float32`` or ``torch.float64``."""
+    if dtype not in (torch.float32, torch.float64):
+        raise InputDataError(
+            expected_got(name, "torch.float32 or torch.float64", dtype, "Pass one of those.")
+        )
+    return dtype
+
+
+def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Raise :class:`InputDataError` if ``x`` has NaN or infinite entries."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(bad.sum()) - n_nan
+        raise InputDataError(
+            expected_got(
+                name,
+                "finite values",
+                f"{n_nan} NaN and {n_inf} infinite entries out of {x.numel()}",
+                "Remove or impute them before calling.",
+            )
+        )
+    return x
+
+
+def check_shape(
+    x: torch.Tensor, name: str, shape: Sequence[int | None], *, allow_batch: bool = True
+) -> torch.Tensor:
+    """Check the trailing dimensions of ``x`` against ``shape`` (``None`` matches any size).
+
+    Args:
+        x: The tensor to check.
+        name: Argument name used in the message.
+        shape: Expected trailing shape, e.g. ``(None, 3)`` for ``(..., N, 3)``.
+        allow_batch: Whether extra leading (batch) dimensions are allowed.
+
+    Raises:
+        ShapeError: If the shape does not match.
+    """
+    ndim = len(shape)
+    ok = x.dim() >= ndim if allow_batch else x.dim() == ndim
+    if ok:
+        tail = x.shape[x.dim() - ndim :]
+        ok = all(s is None or s == t for s, t in zip(shape, tail))
+    if not ok:
+        pretty = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        if allow_batch:
+            pretty = "(..., " + pretty[1:] if ndim else "(...)"
+        raise ShapeError(expected_got(name, f"shape {pretty}", f"shape {tuple(x.shape)}"))
+    return x
+
+
+def check_positive_int(value: object, name: str, *, minimum: int = 1) -> int:
+    """Check that ``value`` is an integer ``>= minimum`` and return it as ``int``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(expected_got(name, f"an integer >= {minimum}", repr(value)))
+    if int(value) < minimum:
+        raise InputDataError(expected_got(name, f"an integer >= {minimum}", int(value)))
+    return int(value)
+
+
+def check_labels(labels: object, num_classes: int | None, name: str = "labels") -> torch.Tensor:
+    """Validate class labels and return them as a ``torch.long`` tensor.
+
+    Args:
+        labels: Integer class labels of any shape. Floating tensors are accepted only if every
+            entry is a whole number.
+        num_classes: Number of classes ``C``; labels must lie in ``[0, C)``. ``None`` skips the
+            upper-bound check.
+        name: Argument name used in messages.
+
+    Returns:
+        The labels as ``torch.long``.
+
+    Raises:
+        InputTypeError: If the labels are not numeric or not whole numbers.
+        InputDataError: If a label is outside ``[0, num_classes)``.
+    """
+    if not isinstance(labels, torch.Tensor):
+        try:
+            labels = torch.as_tensor(np.asarray(labels))
+        except (TypeError, ValueError) as err:
+            raise InputTypeError(expected_got(name, "integer class labels", repr(labels))) from err
+    if labels.dtype == torch.bool:
+        labels = labels.long()
+    if labels.is_floating_point():
+        if not bool(torch.isfinite(labels).all()) or not bool(
+            (labels == labels.round()).all()
+        ):
+            raise InputTypeError(
+                expected_got(
+                    name,
+                    "integer class labels",
+                    "non-integer floating values",
+                    "Pass class indices 0..C-1 (e.g. labels.long()).",
+                )
+            )
+        labels = labels.long()
+    elif labels.is_complex():
+        raise InputTypeError(expected_got(name, "integer class labels", f"dtype {labels.dtype}"))
+    labels = labels.long()
+    if labels.numel() and int(labels.min()) < 0:
+        raise InputDataError(
+            expected_got(name, "labels >= 0", f"minimum label {int(labels.min())}")
+        )
+    if num_classes is not None and labels.numel() and int(labels.max()) >= num_classes:
+        raise InputDataError(
+            expected_got(
+                name,
+                f"labels in [0, {num_classes})",
+                f"maximum label {int(labels.max())}",
+                "Check num_classes or remap the labels to 0..C-1.",
+            )
+        )
+    return labels

@@ -1,0 +1,3 @@
+"""gpext.variational."""
+
+__all__: list[str] = []
