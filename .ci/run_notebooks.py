@@ -17,7 +17,10 @@ def main(folder: str) -> int:
         t0 = time.perf_counter()
         nb = nbformat.read(path, as_version=4)
         client = NotebookClient(
-            nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            nb,
+            timeout=900,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
         )
         try:
             client.execute()

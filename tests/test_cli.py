@@ -7,7 +7,19 @@ from gpext.cli import build_parser, main
 
 def test_parser_accepts_documented_flags():
     args = build_parser().parse_args(
-        ["bench", "--quick", "--data-dir", "d", "--dataset", "a", "b", "--methods", "m", "--out", "o"]
+        [
+            "bench",
+            "--quick",
+            "--data-dir",
+            "d",
+            "--dataset",
+            "a",
+            "b",
+            "--methods",
+            "m",
+            "--out",
+            "o",
+        ]
     )
     assert args.quick and args.data_dir == "d" and args.datasets == ["a", "b"]
     assert args.methods == ["m"] and args.out == "o"

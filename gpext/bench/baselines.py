@@ -126,7 +126,9 @@ def fit_exact_gp(split: DatasetSplit, config: BenchConfig) -> Prediction:
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
-    for _ in progress_bar(range(config.budget(50, 150)), desc="exact gp", show=config.show_progress):
+    for _ in progress_bar(
+        range(config.budget(50, 150)), desc="exact gp", show=config.show_progress
+    ):
         opt.zero_grad()
         loss = -mll(model(x), y)
         loss.backward()

@@ -131,7 +131,9 @@ def run_benchmark(
             idx = list(splits)
         chosen = _resolve_methods(methods, info["task"])
         if not chosen:
-            warnings.warn(f"no registered method for {name} ({info['task']}); skipped", stacklevel=2)
+            warnings.warn(
+                f"no registered method for {name} ({info['task']}); skipped", stacklevel=2
+            )
         for s in idx:
             for method in chosen:
                 jobs.append((name, s, method))

@@ -145,9 +145,7 @@ def check_labels(labels: object, num_classes: int | None, name: str = "labels") 
     if labels.dtype == torch.bool:
         labels = labels.long()
     if labels.is_floating_point():
-        if not bool(torch.isfinite(labels).all()) or not bool(
-            (labels == labels.round()).all()
-        ):
+        if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
             raise InputTypeError(
                 expected_got(
                     name,

@@ -68,7 +68,9 @@ def test_aggregate_rows_mean_and_standard_error():
 
 def test_write_results_layout(tmp_path):
     rows = [{"dataset": "d", "method": "m", "rmse": 0.5}]
-    jp, mp = write_results("demo", rows, tmp_path, command="gpext bench", extra={"goals": {"g": True}})
+    jp, mp = write_results(
+        "demo", rows, tmp_path, command="gpext bench", extra={"goals": {"g": True}}
+    )
     payload = json.loads(jp.read_text())
     assert payload["benchmark"] == "demo"
     assert payload["command"] == "gpext bench"
