@@ -19,7 +19,15 @@ from gpext.bench.registry import BenchConfig, Prediction, register_method
 from gpext.data import DatasetSplit
 from gpext.utils import progress_bar
 
-__all__ = ["ExactGPRegressor", "SVGPModel", "fit_svgp", "select_inducing_points"]
+__all__ = [
+    "ExactGPRegressor",
+    "SVGPModel",
+    "fit_exact_gp",
+    "fit_svgp",
+    "fit_svgp_regression",
+    "fit_svgp_softmax",
+    "select_inducing_points",
+]
 
 
 class ExactGPRegressor(gpytorch.models.ExactGP):
