@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     bench.add_argument("--device", default="cpu")
+    bench.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (default 1: the small models here run fastest single-threaded)",
+    )  # fmt: skip
     bench.add_argument("--out", default="gpext_bench_results", help="output folder")
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     bench.add_argument("--list", action="store_true", help="list registered methods and exit")
@@ -71,6 +75,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for m in list_methods():
             print(f"{m.name:28s} {m.task:15s} {m.description}")
         return 0
+    if args.threads < 1:
+        from gpext.errors import InputDataError
+
+        raise InputDataError(f"--threads: expected an integer >= 1, got {args.threads}.")
+    torch.set_num_threads(args.threads)
     config = BenchConfig(
         quick=args.quick,
         seed=args.seed,
