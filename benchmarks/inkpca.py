@@ -1,0 +1,171 @@
+"""Benchmark of gpext.operators: rank-one eigen-update speed and accuracy, Nyström quality.
+
+Run ``python benchmarks/inkpca.py --quick`` (about a minute) or in full. Timings are medians of
+repeated runs with ``torch.set_num_threads`` fixed, each ratio taken against
+``torch.linalg.eigh`` of the same (grown) matrix in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import gpytorch
+import torch
+from sklearn.kernel_approximation import Nystroem
+
+from gpext.bench import write_results
+from gpext.data import load_dataset
+from gpext.operators import IncrementalKPCA, rank_one_eigh_update
+
+D64 = torch.float64
+
+
+def _default_data_dir() -> str | None:
+    env = os.environ.get("GPEXT_DATA_DIR")
+    if env:
+        return env
+    cand = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return str(cand) if cand.exists() else None
+
+
+def _median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def timing_rows(sizes, repeats, gen):
+    rows = []
+    for m in sizes:
+        x = torch.randn(m, 5, generator=gen, dtype=D64)
+        kernel = gpytorch.kernels.RBFKernel().double()
+        with torch.no_grad():
+            k = kernel(x, x).to_dense()
+        d, u = torch.linalg.eigh(k[:-1, :-1])
+        v = torch.randn(m - 1, generator=gen, dtype=D64)
+        kpca = IncrementalKPCA(kernel).fit(x[:-1])
+        state = kpca.state_dict()
+
+        def add_point(kpca=kpca, state=state, x=x):
+            kpca.load_state_dict(state)
+            kpca.update(x[-1])
+
+        t_rou = _median_time(lambda d=d, u=u, v=v: rank_one_eigh_update(d, u, v, 0.5), repeats)
+        t_point = _median_time(add_point, repeats)
+        t_eigh = _median_time(lambda k=k: torch.linalg.eigh(k), repeats)
+        rows.append(
+            {
+                "dataset": "timing",
+                "method": f"m={m}",
+                "m": m,
+                "rank_one_s": t_rou,
+                "add_point_s": t_point,
+                "eigh_s": t_eigh,
+                "rank_one_over_eigh": t_rou / t_eigh,
+                "add_point_over_eigh": t_point / t_eigh,
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def accuracy_row(num_updates, gen):
+    x = torch.randn(20 + num_updates, 5, generator=gen, dtype=D64)
+    kernel = gpytorch.kernels.RBFKernel().double()
+    kernel.lengthscale = 2.0
+    kpca = IncrementalKPCA(kernel).fit(x[:20])
+    kpca.update(x[20:])
+    with torch.no_grad():
+        k = kernel(x, x).to_dense()
+    ref = torch.linalg.eigvalsh(k).flip(0)
+    lam, u = kpca.eigenvalues, kpca.eigenvectors
+    row = {"dataset": "accuracy", "method": f"{num_updates} points from m=20", "m": x.shape[0]}
+    for floor in (1e-8, 1e-6, 1e-4):
+        keep = ref > floor * ref[0]
+        row[f"max_rel_err_above_{floor:g}"] = float(((lam - ref).abs() / ref)[keep].max())
+    row["max_abs_err_over_lambda_max"] = float((lam - ref).abs().max() / ref[0])
+    row["orthogonality"] = float((u.T @ u - torch.eye(len(lam), dtype=D64)).abs().max())
+    print(row, flush=True)
+    return row
+
+
+def nystrom_rows(dataset, data_dir, landmarks, n, gen):
+    split = load_dataset(dataset, data_dir=data_dir)
+    x = split.train_x[:n].to(D64)
+    gamma = 1.0 / x.shape[1]
+    kernel = gpytorch.kernels.RBFKernel().double()
+    kernel.lengthscale = (0.5 / gamma) ** 0.5
+    with torch.no_grad():
+        k = kernel(x, x).to_dense()
+    ref = torch.linalg.eigvalsh(k).flip(0)[:20]
+    rows = []
+    for m in landmarks:
+        idx = torch.randperm(x.shape[0], generator=gen)[:m]
+        kpca = IncrementalKPCA(kernel).update(x[idx])
+        lam, _ = kpca.nystrom(x, num_components=20)
+        lam = torch.cat([lam, lam.new_zeros(20 - lam.shape[0])])
+        feats = torch.from_numpy(
+            Nystroem(kernel="rbf", gamma=gamma, n_components=m, random_state=0)
+            .fit(x[idx].numpy())
+            .transform(x.numpy())
+        )
+        sk = torch.linalg.eigvalsh(feats.T @ feats).flip(0)[:20]
+        rows.append(
+            {
+                "dataset": dataset,
+                "method": f"landmarks={m}",
+                "m": m,
+                "n": x.shape[0],
+                "inkpca_top20_rel_err": float(((lam - ref).abs() / ref).mean()),
+                "sklearn_nystroem_top20_rel_err": float(((sk - ref).abs() / ref).mean()),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--data-dir", default=_default_data_dir())
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dataset", default="magic")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    sizes = [250, 500] if args.quick else [250, 500, 1000, 2000]
+    rows = timing_rows(sizes, 3 if args.quick else 5, gen)
+    rows.append(accuracy_row(100 if args.quick else 1000, gen))
+    rows += nystrom_rows(
+        args.dataset,
+        args.data_dir,
+        [50, 100] if args.quick else [50, 100, 200, 400],
+        1000 if args.quick else 3000,
+        gen,
+    )
+    by_m = {r["m"]: r for r in rows if r["dataset"] == "timing"}
+    acc = next(r for r in rows if r["dataset"] == "accuracy")
+    goals = {
+        "rank_one_le_third_eigh_m1000": by_m.get(1000, {}).get("rank_one_over_eigh", 1) <= 1 / 3,
+        "rank_one_le_quarter_eigh_m2000": by_m.get(2000, {}).get("rank_one_over_eigh", 1) <= 1 / 4,
+        "rel_err_le_1e-10_above_1e-4_lambda_max": acc["max_rel_err_above_0.0001"] <= 1e-10,
+        "orthogonality_le_1e-9": acc["orthogonality"] <= 1e-9,
+    }
+    print("goals:", goals)
+    out = Path(__file__).resolve().parent / "results"
+    if args.quick:
+        out = out / "quick"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = "python benchmarks/inkpca.py" + (" --quick" if args.quick else "")
+    write_results("inkpca", rows, out, command=cmd, extra={"goals": goals, "threads": args.threads})
+
+
+if __name__ == "__main__":
+    main()

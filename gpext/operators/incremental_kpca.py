@@ -1,0 +1,503 @@
+"""Incremental kernel PCA by rank-one eigen-updates (Algorithm 3), with Nyström rescaling."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from gpytorch.kernels import Kernel
+
+from gpext.errors import (
+    DataWarning,
+    InputDataError,
+    InputTypeError,
+    NotFittedError,
+    NumericalWarning,
+    ShapeError,
+    expected_got,
+)
+from gpext.operators._secular import diag_rank_one_eigh
+from gpext.operators.nystrom_kpca_linear_operator import NystromKPCALinearOperator
+from gpext.utils import (
+    as_float_tensor,
+    check_finite,
+    check_float_dtype,
+    check_positive_int,
+    progress_bar,
+)
+
+__all__ = ["IncrementalKPCA"]
+
+_ON_DEGENERATE = ("warn", "raise", "record")
+
+
+class IncrementalKPCA(torch.nn.Module):
+    r"""Eigendecomposition of a growing kernel matrix, one point at a time, in arrival order.
+
+    Each new point :math:`x_{m+1}` borders the kernel matrix with :math:`a = k(X, x_{m+1})` and
+    :math:`k = k(x_{m+1}, x_{m+1})`. Algorithm 3 of the source document (000_..., Sec. III-B,
+    Eq. 7) writes the bordered matrix as two rank-one changes of a block-diagonal one,
+
+    .. math::
+
+        K_{m+1} = \begin{bmatrix} K_m & 0 \\ 0 & k/4 \end{bmatrix}
+            + \sigma v_1 v_1^\top - \sigma v_2 v_2^\top, \qquad
+        \sigma = 4 / k,\; v_1 = [a; k/2],\; v_2 = [a; k/4],
+
+    so appending the eigenpair :math:`(k/4, e_{m+1})` and calling
+    :func:`~gpext.operators.rank_one_eigh_update` twice updates the eigendecomposition exactly.
+
+    With ``centered=True`` the decomposition is that of the feature-space centred matrix
+    :math:`H K H` (:math:`H = I - 11^\top/m`). Adding a point changes every entry of the old
+    centred block by :math:`u_i + u_j` (the shift of the row means and of the grand mean), i.e. by
+    :math:`u 1^\top + 1 u^\top`, which is two more rank-one updates (weights :math:`\pm 1/2`);
+    then the centred column is appended as above: four updates per point.
+
+    Degenerate points are always added and recorded in :attr:`degenerate_points` (and, by default,
+    warned about): ``"zero_self_similarity"`` (:math:`k \le` ``degenerate_rtol`` times the
+    largest self-similarity), ``"centered_self_similarity_zero"`` (the centred :math:`k_c` is that
+    small) and ``"duplicate"`` (cosine similarity 1 in feature space with a stored point). When
+    the (centred) self-similarity is that small, :math:`\sigma = 4/k` would blow up, so the column
+    is appended as :math:`\operatorname{diag}(K, k) + e a'^\top + a' e^\top` with two rank-one
+    updates of weight :math:`\pm 1/2` instead (exact for any :math:`k`, no division by it).
+
+    Eigenpairs used by :meth:`transform`, :meth:`nystrom` and :meth:`expansion_coefficients`
+    follow one documented rule: an eigenpair is kept only if
+    :math:`\lambda > \text{eigenvalue\_rtol} \cdot \lambda_{\max}`; tiny and negative eigenvalues
+    (rounding, or a kernel that is not positive semi-definite) are dropped, never inverted.
+
+    Args:
+        kernel: Any GPyTorch kernel evaluating to an ``(N, M)`` matrix. Cast it to ``dtype``
+            (e.g. ``kernel.double()``) for full float64 accuracy.
+        centered: Decompose the centred kernel matrix (kernel PCA with mean adjustment).
+        max_components: Keep only the top ``r`` eigenpairs after every point (memory ``O(m r)``
+            instead of ``O(m^2)``; an approximation, as in incremental SVD). ``None`` keeps all.
+        eigenvalue_rtol: Relative floor of the eigenpair rule above; default ``sqrt(eps)`` of
+            ``dtype`` (1.5e-8 in float64, 3.5e-4 in float32).
+        degenerate_rtol: Relative threshold for degenerate points; default ``1000 * eps``.
+        on_degenerate: ``"warn"`` (record and warn with :class:`~gpext.errors.DataWarning`),
+            ``"record"`` (record only) or ``"raise"`` (raise :class:`~gpext.errors.InputDataError`
+            before changing the state).
+        dtype: ``torch.float64`` (recommended) or ``torch.float32``.
+        device: Device of the state; defaults to the CPU.
+
+    Example:
+        >>> kernel = gpytorch.kernels.RBFKernel().double()
+        >>> kpca = IncrementalKPCA(kernel, centered=True)
+        >>> kpca.update(torch.randn(50, 3, dtype=torch.float64))
+        IncrementalKPCA(...)
+        >>> scores = kpca.transform(torch.randn(4, 3, dtype=torch.float64), num_components=2)
+    """
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        centered: bool = False,
+        max_components: int | None = None,
+        eigenvalue_rtol: float | None = None,
+        degenerate_rtol: float | None = None,
+        on_degenerate: str = "warn",
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(kernel, Kernel):
+            raise InputTypeError(
+                expected_got("IncrementalKPCA.kernel", "a gpytorch.kernels.Kernel", type(kernel))
+            )
+        if on_degenerate not in _ON_DEGENERATE:
+            raise InputDataError(
+                expected_got(
+                    "IncrementalKPCA.on_degenerate", f"one of {_ON_DEGENERATE}", repr(on_degenerate)
+                )
+            )
+        self.dtype = check_float_dtype(dtype, "IncrementalKPCA.dtype")
+        eps = torch.finfo(dtype).eps
+        self.kernel = kernel
+        self.centered = bool(centered)
+        self.max_components = (
+            None
+            if max_components is None
+            else check_positive_int(max_components, "IncrementalKPCA.max_components")
+        )
+        self.eigenvalue_rtol = math.sqrt(eps) if eigenvalue_rtol is None else float(eigenvalue_rtol)
+        self.degenerate_rtol = 1e3 * eps if degenerate_rtol is None else float(degenerate_rtol)
+        for name in ("eigenvalue_rtol", "degenerate_rtol"):
+            if not getattr(self, name) >= 0:
+                raise InputDataError(
+                    expected_got(f"IncrementalKPCA.{name}", "a number >= 0", getattr(self, name))
+                )
+        self.on_degenerate = on_degenerate
+        self.degenerate_points: list[dict[str, Any]] = []
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        kw = {"dtype": dtype, "device": dev}
+        self.register_buffer("_points", torch.empty(0, 0, **kw))
+        self.register_buffer("_evals", torch.empty(0, **kw))
+        self.register_buffer("_evecs", torch.empty(0, 0, **kw))
+        self.register_buffer("_diag", torch.empty(0, **kw))
+        self.register_buffer("_row_sums", torch.empty(0, **kw))
+        self.register_buffer("_total", torch.zeros((), **kw))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_points(self) -> int:
+        """Number of points ``m`` added so far."""
+        return int(self._points.shape[0])
+
+    @property
+    def points(self) -> torch.Tensor:
+        """The stored points in arrival order. # shape: (m, D)"""
+        return self._points
+
+    @property
+    def eigenvalues(self) -> torch.Tensor:
+        """Eigenvalues of the (centred) kernel matrix, descending. # shape: (k,)"""
+        self._check_fitted()
+        return self._evals.flip(-1)
+
+    @property
+    def eigenvectors(self) -> torch.Tensor:
+        """Orthonormal eigenvectors, column ``j`` for ``eigenvalues[j]``. # shape: (m, k)"""
+        self._check_fitted()
+        return self._evecs.flip(-1)
+
+    # ------------------------------------------------------------------ public API
+    def reset(self) -> IncrementalKPCA:
+        """Forget every point (the kernel and the options are kept)."""
+        kw = {"dtype": self.dtype, "device": self._evals.device}
+        self._points = torch.empty(0, 0, **kw)
+        self._evals = torch.empty(0, **kw)
+        self._evecs = torch.empty(0, 0, **kw)
+        self._diag = torch.empty(0, **kw)
+        self._row_sums = torch.empty(0, **kw)
+        self._total = torch.zeros((), **kw)
+        self.degenerate_points = []
+        return self
+
+    def fit(self, x: torch.Tensor) -> IncrementalKPCA:
+        """Start from scratch with a batch eigendecomposition (``torch.linalg.eigh``) of ``x``.
+
+        Use it to initialise from a first block; :meth:`update` then continues incrementally.
+
+        Args:
+            x: Initial points. # shape: (n, D)
+
+        Returns:
+            ``self``.
+        """
+        x = self._check_x(x, "fit")
+        self.reset()
+        with torch.no_grad():
+            k = self._kernel(x, x)
+            diag = torch.diagonal(k).clone()
+            row_sums = k.sum(-1)
+            if self.centered:
+                k = k - k.mean(0, keepdim=True) - k.mean(1, keepdim=True) + k.mean()
+            evals, evecs = torch.linalg.eigh((k + k.mT) / 2)
+        self._points, self._diag = x.clone(), diag
+        self._row_sums, self._total = row_sums, row_sums.sum()
+        self._evals, self._evecs = evals, evecs
+        self._truncate()
+        return self
+
+    def update(self, x: torch.Tensor, *, show_progress: bool | None = None) -> IncrementalKPCA:
+        """Add points one at a time, in the given order (Algorithm 3).
+
+        Args:
+            x: One point or several, added first row first. # shape: (D,) or (n, D)
+            show_progress: Progress bar over the points (``None``: only on a terminal).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ShapeError: If the feature dimension differs from the stored points.
+            InputDataError: On non-finite input, or a degenerate point with
+                ``on_degenerate="raise"``.
+        """
+        x = self._check_x(x, "update")
+        with torch.no_grad():
+            for i in progress_bar(range(x.shape[0]), desc="IncrementalKPCA", show=show_progress):
+                self._add_point(x[i : i + 1])
+        return self
+
+    def transform(self, x: torch.Tensor, num_components: int | None = None) -> torch.Tensor:
+        r"""Kernel-PCA scores of new points, :math:`\tilde k(x, X) U_r \Lambda_r^{-1/2}`.
+
+        Args:
+            x: Points to project. # shape: (n, D)
+            num_components: Number of leading components (after the eigenvalue rule).
+
+        Returns:
+            Scores. # shape: (n, r)
+        """
+        x = self._check_x(x, "transform")
+        evals, evecs = self._kept(num_components)
+        return self._cross_kernel(x) @ (evecs / evals.sqrt())
+
+    def nystrom(
+        self, x: torch.Tensor, num_components: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Nyström eigenpairs of the kernel matrix of a larger set, Eq. 8 of the source.
+
+        .. math::
+
+            L_{\mathrm{nys}} = \frac{n}{m} L, \qquad
+            U_{\mathrm{nys}} = \sqrt{\frac{m}{n}}\, K_{n,m} U L^{-1},
+
+        over the eigenpairs kept by the eigenvalue rule (so ``L^{-1}`` never divides by a tiny or
+        negative eigenvalue). With ``centered=True``, ``K_{n,m}`` is centred with the landmark
+        statistics, :math:`\tilde k(x, y) = \langle \phi(x) - \bar\phi_m, \phi(y) - \bar\phi_m
+        \rangle` (the kernel centred at the mean of the ``m`` stored points, as scikit-learn's
+        ``KernelPCA.transform`` does), which is the consistent Nyström extension of the centred
+        decomposition.
+
+        Args:
+            x: The ``n`` points. # shape: (n, D)
+            num_components: Number of leading eigenpairs (after the eigenvalue rule).
+
+        Returns:
+            ``(L_nys, U_nys)``, eigenvalues descending. # shapes: (r,), (n, r)
+        """
+        x = self._check_x(x, "nystrom")
+        evals, evecs = self._kept(num_components)
+        n, m = x.shape[0], self.num_points
+        k_nm = self._cross_kernel(x)
+        return evals * (n / m), math.sqrt(m / n) * (k_nm @ (evecs / evals))
+
+    def nystrom_operator(
+        self, x: torch.Tensor, num_components: int | None = None
+    ) -> NystromKPCALinearOperator:
+        """The Nyström approximation ``U_nys L_nys U_nys^T`` of the kernel matrix of ``x``.
+
+        Args:
+            x: The ``n`` points. # shape: (n, D)
+            num_components: Number of leading eigenpairs (after the eigenvalue rule).
+
+        Returns:
+            A :class:`NystromKPCALinearOperator` of shape ``(n, n)``.
+        """
+        evals, evecs = self.nystrom(x, num_components)
+        return NystromKPCALinearOperator(evecs, evals)
+
+    def expansion_coefficients(self, num_components: int | None = None) -> torch.Tensor:
+        r"""Coefficients of the unit principal axes over the stored points.
+
+        The principal axis ``j`` in feature space is
+        :math:`v_j = \sum_i A_{ij} \phi(x_i)` with :math:`A = U_r \Lambda_r^{-1/2}` (centred:
+        :math:`A = H U_r \Lambda_r^{-1/2}`, so that the axes live in the span of the centred
+        features); :math:`\|v_j\| = 1`. With the linear kernel, :math:`X^\top A` are the (centred)
+        PCA directions of the stored points.
+
+        Args:
+            num_components: Number of leading axes (after the eigenvalue rule).
+
+        Returns:
+            ``A``. # shape: (m, r)
+        """
+        evals, evecs = self._kept(num_components)
+        coef = evecs / evals.sqrt()
+        if self.centered:
+            coef = coef - coef.mean(0, keepdim=True)
+        return coef
+
+    # ------------------------------------------------------------------ internals
+    def _check_fitted(self) -> None:
+        if self.num_points == 0:
+            raise NotFittedError("IncrementalKPCA: no points yet. Call update(x) or fit(x) first.")
+
+    def _check_x(self, x: torch.Tensor, method: str) -> torch.Tensor:
+        x = as_float_tensor(x, f"IncrementalKPCA.{method}.x", dtype=self.dtype)
+        x = x.to(self._evals.device)
+        if x.dim() == 1 and method == "update":
+            x = x.unsqueeze(0)
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ShapeError(
+                expected_got(f"IncrementalKPCA.{method}.x", "shape (n, D), n >= 1", tuple(x.shape))
+            )
+        if self.num_points and x.shape[-1] != self._points.shape[-1]:
+            raise ShapeError(
+                expected_got(
+                    f"IncrementalKPCA.{method}.x",
+                    f"{self._points.shape[-1]} features like the stored points",
+                    x.shape[-1],
+                )
+            )
+        if method in ("transform", "nystrom"):
+            self._check_fitted()
+        return check_finite(x, f"IncrementalKPCA.{method}.x")
+
+    def _kernel(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        out = self.kernel(x1, x2)
+        out = out.to_dense() if hasattr(out, "to_dense") else out
+        if out.shape != (x1.shape[0], x2.shape[0]):
+            raise ShapeError(
+                expected_got(
+                    "IncrementalKPCA.kernel",
+                    f"a kernel matrix of shape ({x1.shape[0]}, {x2.shape[0]}) (no batch kernels)",
+                    tuple(out.shape),
+                )
+            )
+        return out.to(self.dtype)
+
+    def _cross_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            k = self._kernel(x, self._points)  # shape: (n, m)
+        if self.centered:
+            m = self.num_points
+            k = k - k.mean(-1, keepdim=True) - (self._row_sums / m) + self._total / m**2
+        return k
+
+    def _kept(self, num_components: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eigenpairs passing the rule ``lam > eigenvalue_rtol * lam_max``, descending."""
+        self._check_fitted()
+        evals, evecs = self._evals.flip(-1), self._evecs.flip(-1)
+        lam_max = evals[0].clamp(min=0)
+        floor = self.eigenvalue_rtol * lam_max
+        if bool((evals < -floor).any()) and lam_max > 0:
+            warnings.warn(
+                f"IncrementalKPCA: eigenvalue {float(evals.min()):.3e} is negative beyond the "
+                f"floor {float(floor):.3e}; the kernel matrix is not positive semi-definite. "
+                "Such eigenpairs are dropped.",
+                NumericalWarning,
+                stacklevel=3,
+            )
+        keep = int((evals > floor).sum())
+        if keep == 0:
+            raise NotFittedError(
+                "IncrementalKPCA: no eigenvalue above the floor eigenvalue_rtol * lambda_max; "
+                "add more (non-degenerate) points."
+            )
+        if num_components is not None:
+            keep = min(keep, check_positive_int(num_components, "num_components"))
+        return evals[:keep], evecs[:, :keep]
+
+    def _truncate(self) -> None:
+        r = self.max_components
+        if r is not None and self._evals.shape[0] > r:
+            self._evals = self._evals[-r:].contiguous()
+            self._evecs = self._evecs[:, -r:].contiguous()
+
+    def _rank_one(self, v: torch.Tensor, sigma: float) -> None:
+        """Update the state by ``sigma v v^T`` (v in the current ``m``-dim space)."""
+        u, d = self._evecs, self._evals
+        z = u.mT @ v
+        if u.shape[1] < u.shape[0]:
+            # Truncated basis: extend it by the normalised residual of v (twice is enough).
+            w = v - u @ z
+            w = w - u @ (u.mT @ w)
+            rho = w.norm()
+            if rho > 64 * torch.finfo(self.dtype).eps * v.norm():
+                q = w / rho
+                u = torch.cat([u, q[:, None]], -1)
+                d = torch.cat([d, d.new_zeros(1)])
+                z = torch.cat([z, (q @ v)[None]])
+        sig = torch.tensor([sigma], dtype=self.dtype, device=d.device)
+        lam, q = diag_rank_one_eigh(d[None], z[None], sig)
+        self._evals, self._evecs = lam[0], u @ q[0]
+
+    def _report(self, kind: str, value: float, index: int) -> None:
+        msg = (
+            f"IncrementalKPCA: point {index} is degenerate ({kind}, value {value:.3e}); it is "
+            "added exactly, without dividing by its self-similarity."
+            if kind != "duplicate"
+            else f"IncrementalKPCA: point {index} duplicates stored point {int(value)} in "
+            "feature space; the kernel matrix becomes singular (handled by deflation)."
+        )
+        if self.on_degenerate == "raise":
+            raise InputDataError(msg + " Pass on_degenerate='warn' to accept such points.")
+        self.degenerate_points.append({"index": index, "kind": kind, "value": value})
+        if self.on_degenerate == "warn":
+            warnings.warn(msg, DataWarning, stacklevel=4)
+
+    def _append(self, a: torch.Tensor, k: torch.Tensor, degenerate: bool) -> None:
+        """Border the decomposed matrix with column ``a`` and diagonal ``k`` (Eq. 7)."""
+        m = self._evecs.shape[0]
+        kk = float(k)
+        beta = kk if (degenerate or m == 0) else kk / 4
+        u = torch.zeros(m + 1, self._evecs.shape[1] + 1, dtype=self.dtype, device=k.device)
+        u[:m, :-1] = self._evecs
+        u[m, -1] = 1.0
+        self._evecs = u
+        self._evals = torch.cat([self._evals, k.new_tensor([beta])])
+        if m == 0:
+            return
+        if not degenerate:
+            sigma = 4.0 / kk
+            self._rank_one(torch.cat([a, k.new_tensor([kk / 2])]), sigma)
+            self._rank_one(torch.cat([a, k.new_tensor([kk / 4])]), -sigma)
+            return
+        norm = a.norm()
+        if float(norm) == 0.0:
+            return
+        s = norm.sqrt()
+        e = torch.zeros(m + 1, dtype=self.dtype, device=k.device)
+        e[m] = s
+        ap = torch.cat([a / s, a.new_zeros(1)])
+        self._rank_one(e + ap, 0.5)
+        self._rank_one(e - ap, -0.5)
+
+    def _add_point(self, x: torch.Tensor) -> None:
+        m = self.num_points
+        k = self._kernel(x, x).reshape(())
+        a = self._kernel(self._points, x).reshape(m) if m else k.new_zeros(0)
+        check_finite(k, "IncrementalKPCA.kernel(x, x)")
+        check_finite(a, "IncrementalKPCA.kernel(X, x)")
+        scale = max(float(self._diag.abs().max()) if m else 0.0, abs(float(k)))
+        tol = self.degenerate_rtol * scale
+        degenerate = False
+        if float(k) <= tol:
+            self._report("zero_self_similarity", float(k), m)
+            degenerate = True
+        elif m:
+            cos = a / (k * self._diag.clamp(min=0)).sqrt().clamp(min=torch.finfo(self.dtype).tiny)
+            j = int(cos.argmax())
+            if float(cos[j]) >= 1 - self.degenerate_rtol:
+                self._report("duplicate", float(j), m)
+        a_sum = a.sum()
+        if self.centered:
+            # A single centred point is the zero vector: append (0, e_1) as is.
+            a_c, k_c = self._recenter(a, k, a_sum) if m else (a, k.new_zeros(()))
+            if m and not degenerate and float(k_c) <= tol:
+                self._report("centered_self_similarity_zero", float(k_c), m)
+                degenerate = True
+            self._append(a_c, k_c, degenerate)
+        else:
+            self._append(a, k, degenerate)
+        self._points = torch.cat([self._points.reshape(m, x.shape[-1]), x], 0)
+        self._diag = torch.cat([self._diag, k[None]])
+        self._row_sums = torch.cat([self._row_sums + a, (a_sum + k)[None]])
+        self._total = self._total + 2 * a_sum + k
+        self._truncate()
+
+    def _recenter(
+        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Re-centre the old block (two updates) and return the new centred column."""
+        m = self.num_points
+        r, total = self._row_sums, self._total
+        new_total = total + 2 * a_sum + k
+        mu_new = (r + a) / (m + 1)  # shape: (m,)
+        mu_last = (a_sum + k) / (m + 1)
+        s_new = new_total / (m + 1) ** 2
+        # Entry (i, j) of the old centred block changes by u_i + u_j.
+        u = (r / m - mu_new) + 0.5 * (s_new - total / m**2)
+        unorm = u.norm()
+        if float(unorm) > 0.0:
+            t = (unorm / math.sqrt(m)).sqrt()
+            ones = torch.full_like(u, float(t))
+            self._rank_one(ones + u / t, 0.5)
+            self._rank_one(ones - u / t, -0.5)
+        a_c = a - mu_new - mu_last + s_new
+        k_c = k - 2 * mu_last + s_new
+        return a_c, k_c
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: D401
+        # The buffers change shape as points arrive: resize them before the copy.
+        for name in ("_points", "_evals", "_evecs", "_diag", "_row_sums", "_total"):
+            key = prefix + name
+            if key in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[key], dtype=self.dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
