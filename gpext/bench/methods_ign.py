@@ -52,18 +52,20 @@ def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
     n = split.num_train
     return {
         "num_inducing": config.budget(64, 128),
-        "epochs": config.budget(2, 8) if n > 20000 else config.budget(4, 16),
-        "batch_size": config.budget(256, 512),
+        "epochs": config.budget(2, 6) if n > 20000 else config.budget(4, 12),
+        "batch_size": 256,
         "lr": 5e-3,
     }
 
 
 def make_embedding(split: DatasetSplit, out_features: int | None = None) -> nn.Module:
-    """SmallCNN for ``(1, 28, 28)`` images, else ``MLP(D, [64, 64], d)`` (``d``: 16 / 8)."""
+    """SmallCNN for 28 x 28 images, else ``MLP(D, [64, 64], d)``; classification: ``d = 16`` with
+    an output LayerNorm, regression: ``d = 8``."""
     if split.image_shape is not None and tuple(split.image_shape)[-2:] == (28, 28):
-        return SmallCNN(out_features or 16, image_shape=split.image_shape)
-    d = out_features or (16 if split.task == "classification" else 8)
-    return MLP(split.num_features, (64, 64), d)
+        return SmallCNN(out_features or 16, image_shape=split.image_shape, layer_norm=True)
+    if split.task == "classification":
+        return MLP(split.num_features, (64, 64), out_features or 16, layer_norm=True)
+    return MLP(split.num_features, (64, 64), out_features or 8)
 
 
 def _gen(config: BenchConfig) -> torch.Generator:

@@ -36,6 +36,7 @@ __all__ = [
 #: Modules whose import registers methods.  Each capability adds its own module here.
 BUILTIN_METHOD_MODULES: list[str] = [
     "gpext.bench.baselines",
+    "gpext.bench.methods_ign",
 ]
 
 TASKS = ("regression", "classification")

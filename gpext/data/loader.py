@@ -102,6 +102,10 @@ def list_datasets(data_dir: str | os.PathLike | None = None) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+#: Short names for folders whose names describe their content (``mnist`` -> ``mnist_test_idx``).
+ALIASES = {"mnist": "mnist_test_idx"}
+
+
 def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or name.startswith((".", "~")) or os.path.isabs(name)
 
@@ -122,6 +126,9 @@ def _read_raw(name: str | os.PathLike, data_dir: str | os.PathLike | None) -> Ra
     root = resolve_data_dir(data_dir)
     if root is not None and (root / name).is_dir():
         return read_folder(root / name, name)
+    alias = ALIASES.get(name)
+    if root is not None and alias is not None and (root / alias).is_dir():
+        return read_folder(root / alias, name)
     if name in SKLEARN_DATASETS:
         return read_sklearn(name)
     if Path(name).is_dir() and detect_format(Path(name)) is not None:

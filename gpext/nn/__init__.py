@@ -1,3 +1,16 @@
-"""gpext.nn."""
+"""Neural feature extractors for deep kernels and inducing GP networks.
 
-__all__: list[str] = []
+* :class:`MLP`: fully connected network for vector inputs.
+* :class:`SmallCNN`: LeNet-like convolutional network for 28 x 28 images.
+* :class:`SetEncoder`: permutation-invariant Deep Sets encoder for variable-size sets.
+* :class:`HeteroscedasticMLP`: MLP regressor with a heteroscedastic Gaussian output.
+* :class:`ClassifierMLP`: MLP classifier (logits), optionally with batch norm.
+"""
+
+from gpext.nn.classifier_mlp import ClassifierMLP
+from gpext.nn.heteroscedastic_mlp import HeteroscedasticMLP
+from gpext.nn.mlp import MLP
+from gpext.nn.set_encoder import SetEncoder
+from gpext.nn.small_cnn import SmallCNN
+
+__all__ = ["ClassifierMLP", "HeteroscedasticMLP", "MLP", "SetEncoder", "SmallCNN"]

@@ -79,3 +79,10 @@ def test_bad_magic_and_missing_labels(write_idx: Callable) -> None:
     (folder / "imgs-labels-idx1-ubyte").unlink()
     with pytest.raises(DataFormatError, match="no matching labels file"):
         load_dataset(str(folder))
+
+
+def test_mnist_alias_loads_the_same_split(shared_data_dir: Path) -> None:
+    a = load_dataset("mnist", data_dir=shared_data_dir, dtype=torch.float32)
+    b = load_dataset("mnist_test_idx", data_dir=shared_data_dir, dtype=torch.float32)
+    assert a.name == "mnist"
+    assert torch.equal(a.test_indices, b.test_indices) and torch.equal(a.train_y, b.train_y)

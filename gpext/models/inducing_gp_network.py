@@ -1,0 +1,433 @@
+"""Inducing Gaussian process networks (Tibo & Nielsen 2022, document 002)."""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import torch
+from torch import nn
+
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.models.ign_probit_laplace import ProbitLaplace
+from gpext.utils import (
+    as_float_tensor,
+    check_finite,
+    check_labels,
+    check_positive_int,
+    progress_bar,
+)
+from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP, _safe_cholesky
+
+__all__ = ["InducingGPNetwork"]
+
+TASKS = ("regression", "binary", "one_vs_all", "dirichlet")
+
+
+class InducingGPNetwork(gpytorch.Module):
+    r"""A GP whose inducing points are learned in the feature space of a neural network.
+
+    Inputs are embedded by any :class:`torch.nn.Module` :math:`g` (for instance
+    :class:`gpext.nn.MLP`, :class:`gpext.nn.SmallCNN`, :class:`gpext.nn.SetEncoder`); a
+    :class:`gpext.variational.FeatureSpaceInducingGP` holds the inducing points
+    :math:`Z \in \mathbb{R}^{m \times d}`, the linear pseudo-labels :math:`\mathbf{r} = r(Z)` and
+    the kernel.  For a minibatch :math:`B` of size :math:`b` the training loss is the negative
+    log marginal likelihood of 002 Eq. 5 divided by :math:`b`,
+
+    .. math::
+
+        \mathcal{L}_B = -\frac{1}{b}\log \mathcal{N}\big(\mathbf{y}_B;\ K_{BZ}K_{ZZ}^{-1}\mathbf{r},\
+        K_{BB} + \sigma^2 I - K_{BZ}K_{ZZ}^{-1}K_{ZB}\big),
+
+    the minibatch loss of stochastic-gradient GP training (Chen et al. 2020, cited by 002):
+    :math:`\tfrac{n}{b}\ell_B` estimates the full objective :math:`\ell` of Eq. 5, and dividing
+    by :math:`n` gives :math:`\mathcal{L}_B`, the per-datum scale GPyTorch's MLLs use.
+    Predictions follow 002 Eq. 7 (:meth:`forward`, :meth:`predict`).
+
+    Tasks:
+
+    * ``"regression"``: Gaussian noise :math:`\sigma^2` from a
+      :class:`gpytorch.likelihoods.GaussianLikelihood`.
+    * ``"binary"``: probit likelihood, labels 0/1; the marginal likelihood of each minibatch by a
+      Laplace approximation (:class:`gpext.models.ign_probit_laplace.ProbitLaplace`): Newton
+      steps for the mode alternate with gradient steps (002, section 2.4).  Predictions
+      :math:`p(y_* = 1) = \Phi(\mu_* / \sqrt{1 + \sigma_*^2})` with :math:`\mu_*, \sigma_*^2` from
+      Eq. 7.
+    * ``"one_vs_all"``: ``C`` probit heads (a batch of inducing sets, one per class) on a shared
+      embedding, head ``c`` trained on ``y == c``; class probabilities are the heads'
+      probabilities normalised to sum to one (002, section 2.4 / 4.3).
+    * ``"dirichlet"`` (beyond 002): ``C`` regression heads on the targets and per-point,
+      per-class noise variances of a Dirichlet transform (Milios et al. 2018; see
+      :class:`gpext.likelihoods.DirichletTransform`); probabilities by Monte Carlo over the
+      softmax of the latent heads.
+
+    Args:
+        embedding: Network :math:`g` mapping a minibatch of inputs to ``(N, d)`` features.
+        num_inducing: Number of inducing points ``m`` (per head).
+        feature_dim: ``d``; default ``embedding.out_features``.
+        task: One of ``"regression"``, ``"binary"``, ``"one_vs_all"``, ``"dirichlet"``.
+        num_classes: ``C`` for the multiclass tasks (2 for ``"binary"``).
+        covar_module: Kernel on features (batch shape ``(C,)`` for the multiclass tasks).
+        likelihood: Gaussian likelihood for regression (default
+            :class:`gpytorch.likelihoods.GaussianLikelihood`).
+        dirichlet_transform: Label transform for ``"dirichlet"`` (default
+            ``gpext.likelihoods.DirichletTransform(num_classes)``).
+        laplace: Laplace settings for the probit tasks (default :class:`ProbitLaplace`).
+        input_transform: Optional module applied to inputs before the embedding (e.g. a BoTorch
+            ``InputTransform`` such as ``Normalize``).
+        jitter: Jitter of :math:`K_{ZZ}` (see :class:`FeatureSpaceInducingGP`).
+        minibatch_covariance: ``"full"`` (default): Eq. 5 on each minibatch with its full
+            ``b x b`` covariance :math:`K_{B|Z}`.  ``"independent"``: Eq. 5 on ``b`` minibatches
+            of size one (only the diagonal of :math:`K_{B|Z}`; per-point 1-D Laplace for the
+            probit tasks).  The full form can fit a minibatch through the correlations of
+            :math:`K_{B|Z}` between points of the same class or nearby inputs while the mean
+            :math:`K_{BZ}K_{ZZ}^{-1}\mathbf r`, the only part that Eq. 7 predictions use, stays
+            near zero; the independent form rules this out (see the tutorial).
+
+    Raises:
+        InputDataError: If the task is unknown or a size is invalid.
+
+    Example:
+        >>> from gpext.nn import MLP
+        >>> x, y = torch.randn(200, 3), torch.randn(200)
+        >>> model = InducingGPNetwork(MLP(3, [32], 4), num_inducing=16)
+        >>> _ = model.fit(x, y, epochs=2, batch_size=50)
+        >>> mean, var = model.predict(x[:5])
+    """
+
+    def __init__(
+        self,
+        embedding: nn.Module,
+        *,
+        num_inducing: int = 64,
+        feature_dim: int | None = None,
+        task: str = "regression",
+        num_classes: int | None = None,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        dirichlet_transform: object | None = None,
+        laplace: ProbitLaplace | None = None,
+        input_transform: nn.Module | None = None,
+        jitter: float | None = None,
+        minibatch_covariance: str = "full",
+    ) -> None:
+        super().__init__()
+        if task not in TASKS:
+            raise InputDataError(
+                expected_got("InducingGPNetwork.task", f"one of {TASKS}", repr(task))
+            )
+        if not isinstance(embedding, nn.Module):
+            raise InputTypeError(
+                expected_got(
+                    "InducingGPNetwork.embedding", "a torch.nn.Module", type(embedding).__name__
+                )
+            )
+        if feature_dim is None:
+            feature_dim = getattr(embedding, "out_features", None)
+            if feature_dim is None:
+                raise InputDataError(
+                    "InducingGPNetwork: expected feature_dim or an embedding with an "
+                    f"`out_features` attribute, got neither ({type(embedding).__name__}). "
+                    "Pass feature_dim=<output size of the embedding>."
+                )
+        if task == "binary":
+            num_classes = 2 if num_classes is None else num_classes
+            if num_classes != 2:
+                raise InputDataError(
+                    expected_got(
+                        "InducingGPNetwork.num_classes", "2 for task='binary'", num_classes
+                    )
+                )
+        elif task in ("one_vs_all", "dirichlet"):
+            num_classes = check_positive_int(
+                num_classes, "InducingGPNetwork.num_classes", minimum=2
+            )
+        if minibatch_covariance not in ("full", "independent"):
+            raise InputDataError(
+                expected_got(
+                    "InducingGPNetwork.minibatch_covariance",
+                    "'full' or 'independent'",
+                    repr(minibatch_covariance),
+                )
+            )
+        self.minibatch_covariance = minibatch_covariance
+        self.task = task
+        self.num_classes = num_classes
+        heads = torch.Size([num_classes]) if task in ("one_vs_all", "dirichlet") else torch.Size()
+        self.embedding = embedding
+        self.input_transform = input_transform
+        self._default_kernel = covar_module is None
+        self.gp = FeatureSpaceInducingGP(
+            num_inducing,
+            int(feature_dim),
+            batch_shape=heads,
+            covar_module=covar_module,
+            jitter=jitter,
+        )
+        if task == "regression":
+            self.likelihood = likelihood or gpytorch.likelihoods.GaussianLikelihood()
+        self.laplace = laplace or ProbitLaplace()
+        self.dirichlet_transform = None
+        if task == "dirichlet":
+            if dirichlet_transform is None:
+                from gpext.likelihoods import DirichletTransform
+
+                dirichlet_transform = DirichletTransform(num_classes)
+            self.dirichlet_transform = dirichlet_transform
+
+    # ------------------------------------------------------------------ features and latent GP
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Embed inputs: ``input_transform`` (if any), then ``g``; returns ``(N, d)`` features."""
+        if self.input_transform is not None:
+            x = self.input_transform(x)
+        return self.embedding(x)
+
+    def _head_features(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats.unsqueeze(-3) if len(self.gp.batch_shape) else feats  # shape: (*, [1,] N, d)
+
+    def forward(self, x: torch.Tensor) -> gpytorch.distributions.MultivariateNormal:
+        """Latent GP at ``x`` by 002 Eq. 7, batch shape ``(C,)`` for the multiclass tasks."""
+        return self.gp(self._head_features(self.features(x)))
+
+    # ------------------------------------------------------------------ objective (Eq. 5)
+    def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(
+                expected_got("InducingGPNetwork x", "a torch.Tensor", type(x).__name__)
+            )
+        if self.task == "regression":
+            y = check_finite(as_float_tensor(y, "InducingGPNetwork y"), "InducingGPNetwork y")
+        else:
+            y = check_labels(y, self.num_classes, "InducingGPNetwork y")
+        if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    "InducingGPNetwork (x, y)",
+                    "x of shape (N, ...) and y of shape (N,)",
+                    f"x {tuple(x.shape)}, y {tuple(y.shape)}",
+                )
+            )
+        return y.to(x.device)
+
+    def _dirichlet_targets(self, labels: torch.Tensor, like: torch.Tensor):
+        out = self.dirichlet_transform(labels, dtype=like.dtype, class_dim=-2)
+        return out.targets.to(like.device), out.noise.to(like.device)  # shape: (C, N) each
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r"""Minibatch loss :math:`-\ell(\theta; B) / b` (002 Eq. 5; section 2.4 for probit tasks).
+
+        Args:
+            x: Minibatch inputs, shape ``(b, ...)``.
+            y: Targets ``(b,)`` (float for regression, class labels otherwise).
+
+        Returns:
+            A scalar tensor to minimise.
+
+        Raises:
+            ShapeError: If ``x`` and ``y`` disagree in size.
+            InputDataError / InputTypeError: For non-finite targets or invalid labels.
+        """
+        y = self._check_xy(x, y)
+        prior = self(x)
+        mean, cov = prior.mean, prior.covariance_matrix  # shape: (*h, b), (*h, b, b)
+        b = y.shape[0]
+        if self.minibatch_covariance == "independent":  # b minibatches of size one
+            mean, cov = mean.unsqueeze(-1), cov.diagonal(dim1=-2, dim2=-1)[..., None, None]
+            y = y.unsqueeze(-1)  # shape: (b, 1)
+        if self.task == "binary":
+            return -self.laplace.log_marginal_likelihood(mean, cov, y).sum() / b
+        if self.task == "one_vs_all":
+            classes = torch.arange(self.num_classes, device=y.device).view(-1, *([1] * y.dim()))
+            return -self.laplace.log_marginal_likelihood(mean, cov, (y == classes).long()).sum() / b
+        if self.task == "regression":
+            targets, noise = y.to(mean), self.likelihood.noise.to(mean).expand(y.shape)
+        else:
+            targets, noise = self._dirichlet_targets(y.reshape(-1), mean)
+            targets, noise = targets.reshape(mean.shape), noise.reshape(mean.shape)
+        cov = cov + torch.diag_embed(noise)
+        chol = _safe_cholesky(cov, 0.0, "InducingGPNetwork K_X|Z")
+        resid = (targets - mean).unsqueeze(-1)
+        white = torch.linalg.solve_triangular(chol, resid, upper=False).squeeze(-1)
+        nll = 0.5 * (white**2).sum(-1) + chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return (nll.sum() + 0.5 * mean.numel() * math.log(2 * math.pi)) / b
+
+    # ------------------------------------------------------------------ training
+    @torch.no_grad()
+    def initialize(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        max_points: int = 2048,
+    ) -> None:
+        """Data-dependent initialisation before training.
+
+        ``Z`` is placed at the features of random training inputs, ``r`` is fitted by ridge
+        regression of the (transformed) targets on the features, and, for the default kernel,
+        the lengthscales are set to the larger of the median pairwise feature distance and the
+        features' root-mean-square norm.
+
+        Args:
+            x: Training inputs ``(N, ...)``.
+            y: Training targets ``(N,)``.
+            generator: Random generator for the subsets.
+            max_points: At most this many inputs are embedded.
+        """
+        y = self._check_xy(x, y)
+        n = y.shape[0]
+        idx = torch.randperm(n, generator=generator)[: max(max_points, self.gp.num_inducing)].to(
+            y.device
+        )
+        was_training = self.training
+        self.eval()
+        feats = self.features(x[idx])
+        self.train(was_training)
+        if self.task == "regression":
+            targets = y[idx]
+        elif self.task == "binary":
+            targets = 2.0 * y[idx].to(feats) - 1.0
+        elif self.task == "one_vs_all":
+            targets = (
+                2.0 * (y[idx] == torch.arange(self.num_classes, device=y.device)[:, None]).to(feats)
+                - 1.0
+            )
+        else:
+            targets = self._dirichlet_targets(y[idx], feats)[0]
+        self.gp.initialize_from_features(feats, targets.to(feats), generator=generator)
+        if self._default_kernel:
+            sub = feats[: min(512, feats.shape[0])]
+            dist = torch.cdist(sub, sub)
+            med = dist[dist > 0].median() if bool((dist > 0).any()) else dist.new_tensor(1.0)
+            # at least the features' RMS norm: early embedding updates move features by about
+            # their own scale, which must not push them out of reach of Z
+            med = torch.maximum(med, sub.pow(2).sum(-1).mean().sqrt())
+            self.gp.covar_module.base_kernel.lengthscale = med.clamp_min(1e-3).expand_as(
+                self.gp.covar_module.base_kernel.lengthscale
+            )
+
+    def fit(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        epochs: int = 50,
+        batch_size: int = 256,
+        lr: float = 5e-3,
+        weight_decay: float = 0.0,
+        initialize: bool = True,
+        generator: torch.Generator | None = None,
+        show_progress: bool | None = None,
+    ) -> list[float]:
+        """Adam on the minibatch loss :meth:`loss`, data reshuffled every epoch.
+
+        Args:
+            x: Training inputs ``(N, ...)`` on the model's device.
+            y: Training targets ``(N,)``.
+            epochs: Passes over the data.
+            batch_size: Minibatch size ``b`` (the batch covariance is ``b x b``).
+            lr: Adam learning rate.
+            weight_decay: Adam weight decay (applied to the embedding only).
+            initialize: Call :meth:`initialize` first.
+            generator: Random generator for initialisation and shuffling.
+            show_progress: Progress bar (``None``: only on a terminal).
+
+        Returns:
+            The mean minibatch loss of each epoch.
+        """
+        y = self._check_xy(x, y)
+        epochs = check_positive_int(epochs, "InducingGPNetwork.fit.epochs")
+        batch_size = check_positive_int(batch_size, "InducingGPNetwork.fit.batch_size", minimum=2)
+        if initialize:
+            self.initialize(x, y, generator=generator)
+        emb = set(id(p) for p in self.embedding.parameters())
+        rest = [p for p in self.parameters() if id(p) not in emb and p.requires_grad]
+        opt = torch.optim.Adam(
+            [
+                {"params": list(self.embedding.parameters()), "weight_decay": weight_decay},
+                {"params": rest},
+            ],
+            lr=lr,
+        )
+        n, history = y.shape[0], []
+        self.train()
+        for _ in progress_bar(range(epochs), desc="IGN", show=show_progress):
+            perm = torch.randperm(n, generator=generator).to(y.device)
+            total, count = 0.0, 0
+            for start in range(0, n, batch_size):
+                idx = perm[start : start + batch_size]
+                if idx.numel() < 2:
+                    continue
+                opt.zero_grad()
+                loss = self.loss(x[idx], y[idx])
+                loss.backward()
+                opt.step()
+                total, count = total + float(loss.detach()) * idx.numel(), count + idx.numel()
+            history.append(total / max(count, 1))
+        self.eval()
+        return history
+
+    # ------------------------------------------------------------------ prediction (Eq. 7)
+    @torch.no_grad()
+    def predict(
+        self, x: torch.Tensor, *, include_noise: bool = True, batch_size: int = 1024
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predictive mean and variance by 002 Eq. 7, in chunks of ``batch_size`` inputs.
+
+        Args:
+            x: Test inputs ``(M, ...)``.
+            include_noise: Add the Gaussian noise variance (regression only).
+            batch_size: Chunk size.
+
+        Returns:
+            ``(mean, variance)`` of shape ``(M,)`` (regression, binary) or ``(C, M)``.
+        """
+        if not isinstance(x, torch.Tensor) or x.dim() < 1:
+            raise InputTypeError(
+                expected_got("InducingGPNetwork.predict(x)", "a tensor (M, ...)", type(x).__name__)
+            )
+        self.eval()
+        means, variances = [], []
+        for chunk in x.split(batch_size):
+            m, v = self.gp.marginal(self._head_features(self.features(chunk)))
+            means.append(m)
+            variances.append(v)
+        mean, var = torch.cat(means, -1), torch.cat(variances, -1)
+        if include_noise and self.task == "regression":
+            var = var + self.likelihood.noise.to(var)
+        return mean, var
+
+    @torch.no_grad()
+    def predict_proba(
+        self,
+        x: torch.Tensor,
+        *,
+        num_samples: int = 256,
+        generator: torch.Generator | None = None,
+        batch_size: int = 1024,
+    ) -> torch.Tensor:
+        r"""Class probabilities ``(M, C)`` (002 section 2.4; Dirichlet: Monte Carlo softmax).
+
+        Args:
+            x: Test inputs ``(M, ...)``.
+            num_samples: Monte Carlo samples for ``task="dirichlet"``.
+            generator: Random generator for those samples.
+            batch_size: Chunk size.
+
+        Raises:
+            InputDataError: For ``task="regression"``.
+        """
+        if self.task == "regression":
+            raise InputDataError(
+                "InducingGPNetwork.predict_proba: expected a classification task, got 'regression'. Use predict()."
+            )
+        mean, var = self.predict(x, batch_size=batch_size)
+        if self.task == "binary":
+            p1 = torch.special.ndtr(mean / torch.sqrt(1.0 + var))
+            return torch.stack([1.0 - p1, p1], dim=-1)
+        if self.task == "one_vs_all":
+            p = torch.special.ndtr(mean / torch.sqrt(1.0 + var)).T.clamp_min(1e-12)
+            return p / p.sum(-1, keepdim=True)
+        return self.dirichlet_transform.class_probs(
+            mean.T.contiguous(), var.T.contiguous(), num_samples=num_samples, generator=generator
+        )

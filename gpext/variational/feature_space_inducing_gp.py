@@ -1,0 +1,322 @@
+"""Inducing points and linear pseudo-labels in a learned feature space (002, sections 2.1-2.3)."""
+
+from __future__ import annotations
+
+import warnings
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
+from torch import nn
+
+from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError, expected_got
+from gpext.utils import check_finite, check_positive_int
+
+__all__ = ["FeatureSpaceInducingGP"]
+
+
+def _safe_cholesky(matrix: torch.Tensor, jitter: float, what: str) -> torch.Tensor:
+    """Cholesky factor of ``matrix + jitter I``; retries with 10x / 100x / 1000x the jitter.
+
+    Each retry issues a :class:`~gpext.errors.NumericalWarning`; if all fail a
+    :class:`~gpext.errors.NumericalError` is raised.  ``matrix`` has shape ``(*batch, n, n)``.
+    """
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    for attempt in range(4):
+        cur = jitter * 10.0**attempt
+        chol, info = torch.linalg.cholesky_ex(matrix + cur * eye)
+        if not bool((info > 0).any()):
+            if attempt:
+                warnings.warn(
+                    f"{what}: Cholesky needed jitter {cur:.1e} (asked for {jitter:.1e}).",
+                    NumericalWarning,
+                    stacklevel=3,
+                )
+            return chol
+    raise NumericalError(
+        f"{what}: the matrix is not positive definite even with jitter {cur:.1e}. "
+        "Check for NaN features or use a float64 model."
+    )
+
+
+class FeatureSpaceInducingGP(gpytorch.Module):
+    r"""GP conditioned on pseudo-labels at inducing points that live in a feature space.
+
+    An inducing GP network (Tibo & Nielsen 2022, document 002) embeds inputs with a network
+    :math:`g: \mathcal{X} \to \mathbb{R}^d` and holds ``m`` inducing points
+    :math:`Z \in \mathbb{R}^{m \times d}` *in that feature space*, with pseudo-labels given by a
+    linear function :math:`r(z) = w^\top z + b`, :math:`\mathbf{r} = r(Z)`.  This module holds
+    :math:`Z`, :math:`(w, b)` and a GPyTorch kernel :math:`k` on features, and returns the GP on
+    features conditioned on :math:`\mathbf{r}` (002, Eq. 3, 4 and 7):
+
+    .. math::
+
+        p(\mathbf{f} \mid G, \theta) = \mathcal{N}\big(K_{GZ} K_{ZZ}^{-1} \mathbf{r},\;
+        K_{GG} - K_{GZ} K_{ZZ}^{-1} K_{ZG}\big)
+
+    for feature vectors :math:`G = g(X)`.  Observation noise (Eq. 4) and the likelihood are added
+    by the caller, e.g. :class:`gpext.models.InducingGPNetwork`.  Because the kernel only sees
+    :math:`Z` and :math:`G`, the gradient of any objective with respect to :math:`Z` does not
+    involve the embedding's gradient (002, Proposition 1), and adding an inducing point never
+    increases a predictive variance (002, Proposition 2; see :meth:`add_inducing_points`).
+
+    Several independent heads (e.g. one per class) are a batch: ``Z`` has shape
+    ``(*batch_shape, m, d)`` and features ``(*, N, d)`` broadcast against ``batch_shape``.
+
+    Args:
+        num_inducing: Number of inducing points ``m``.
+        feature_dim: Feature dimension ``d``.
+        batch_shape: Batch shape of independent heads.
+        covar_module: Kernel on features with that batch shape (default: a scaled ARD RBF kernel).
+        inducing_points: Initial ``Z``, shape ``(*batch_shape, m, d)`` (default: standard normal).
+        learn_inducing_points: Whether ``Z`` is a trainable parameter.
+        jitter: Added to the diagonal of :math:`K_{ZZ}` (default
+            ``gpytorch.settings.variational_cholesky_jitter``: 1e-4 float32, 1e-6 float64).
+
+    Raises:
+        InputDataError: If a size is not a positive integer.
+        ShapeError: If ``inducing_points`` has the wrong shape.
+
+    Example:
+        >>> gp = FeatureSpaceInducingGP(num_inducing=16, feature_dim=4)
+        >>> f = gp(torch.randn(10, 4))
+        >>> f.mean.shape, f.covariance_matrix.shape
+        (torch.Size([10]), torch.Size([10, 10]))
+    """
+
+    def __init__(
+        self,
+        num_inducing: int,
+        feature_dim: int,
+        *,
+        batch_shape: torch.Size | None = None,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        inducing_points: torch.Tensor | None = None,
+        learn_inducing_points: bool = True,
+        jitter: float | None = None,
+    ) -> None:
+        super().__init__()
+        m = check_positive_int(num_inducing, "FeatureSpaceInducingGP.num_inducing")
+        d = check_positive_int(feature_dim, "FeatureSpaceInducingGP.feature_dim")
+        batch_shape = torch.Size(() if batch_shape is None else batch_shape)
+        if inducing_points is None:
+            inducing_points = torch.randn(*batch_shape, m, d)
+        elif tuple(inducing_points.shape) != (*batch_shape, m, d):
+            raise ShapeError(
+                expected_got(
+                    "FeatureSpaceInducingGP.inducing_points",
+                    f"shape {(*batch_shape, m, d)}",
+                    tuple(inducing_points.shape),
+                )
+            )
+        self.feature_dim = d
+        self.batch_shape = batch_shape
+        self.jitter = jitter
+        self.inducing_points = nn.Parameter(
+            inducing_points.detach().clone(), requires_grad=learn_inducing_points
+        )
+        # linear pseudo-label function r(z) = w^T z + b, one per head
+        self.pseudo_label_weight = nn.Parameter(
+            torch.zeros(*batch_shape, d, dtype=inducing_points.dtype)
+        )
+        self.pseudo_label_bias = nn.Parameter(torch.zeros(batch_shape, dtype=inducing_points.dtype))
+        if covar_module is None:
+            covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=batch_shape),
+                batch_shape=batch_shape,
+            )
+        self.covar_module = covar_module
+
+    @property
+    def num_inducing(self) -> int:
+        """The current number of inducing points ``m``."""
+        return self.inducing_points.shape[-2]
+
+    def _jitter(self, dtype: torch.dtype) -> float:
+        if self.jitter is not None:
+            return float(self.jitter)
+        return gpytorch.settings.variational_cholesky_jitter.value(dtype)
+
+    def pseudo_labels(self) -> torch.Tensor:
+        r"""The pseudo-labels :math:`\mathbf{r} = r(Z) = Z w + b`, shape ``(*batch_shape, m)``."""
+        z = self.inducing_points
+        return (z * self.pseudo_label_weight.unsqueeze(-2)).sum(
+            -1
+        ) + self.pseudo_label_bias.unsqueeze(-1)
+
+    def _check_features(self, features: torch.Tensor) -> torch.Tensor:
+        if not isinstance(features, torch.Tensor) or features.dim() < 2:
+            raise ShapeError(
+                expected_got(
+                    "FeatureSpaceInducingGP features",
+                    f"a tensor of shape (..., N, {self.feature_dim})",
+                    getattr(features, "shape", type(features).__name__),
+                )
+            )
+        if features.shape[-1] != self.feature_dim:
+            raise ShapeError(
+                expected_got(
+                    "FeatureSpaceInducingGP features",
+                    f"shape (..., N, {self.feature_dim})",
+                    tuple(features.shape),
+                    "The embedding's output size must equal feature_dim.",
+                )
+            )
+        return check_finite(features, "FeatureSpaceInducingGP features")
+
+    def _project(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the conditional mean ``(*b, N)`` and ``A = L^{-1} K_ZG`` ``(*b, m, N)``."""
+        z = self.inducing_points.to(features.dtype)
+        kzz = self.covar_module(z).to_dense()  # shape: (*batch, m, m)
+        chol = _safe_cholesky(kzz, self._jitter(kzz.dtype), "FeatureSpaceInducingGP K_ZZ")
+        kzg = self.covar_module(z, features).to_dense()  # shape: (*b, m, N)
+        a = torch.linalg.solve_triangular(chol, kzg, upper=False)  # shape: (*b, m, N)
+        r = self.pseudo_labels().to(features.dtype).unsqueeze(-1)  # shape: (*batch, m, 1)
+        alpha = torch.linalg.solve_triangular(chol, r, upper=False)  # shape: (*batch, m, 1)
+        mean = (a * alpha).sum(-2)  # shape: (*b, N)
+        return mean, a
+
+    def forward(self, features: torch.Tensor) -> MultivariateNormal:
+        r"""The conditional GP on features, 002 Eq. 7, with a dense covariance (a ``DenseLinearOperator``).
+
+        Args:
+            features: Feature vectors :math:`g(X)`, shape ``(*, N, d)``.
+
+        Returns:
+            :math:`\mathcal{N}(K_{GZ}K_{ZZ}^{-1}\mathbf{r},\ K_{GG} - K_{GZ}K_{ZZ}^{-1}K_{ZG})`
+            with batch shape ``broadcast(*, batch_shape)`` and event shape ``(N,)``.
+
+        Raises:
+            ShapeError: If the features do not have ``d`` columns.
+            InputDataError: If they have non-finite entries.
+            NumericalError: If :math:`K_{ZZ}` cannot be factorised.
+        """
+        features = self._check_features(features)
+        mean, a = self._project(features)
+        kgg = self.covar_module(features).to_dense()
+        cov = kgg - a.transpose(-1, -2) @ a  # shape: (*b, N, N)
+        cov = 0.5 * (cov + cov.transpose(-1, -2))
+        return MultivariateNormal(mean, DenseLinearOperator(cov))
+
+    def marginal(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of 002 Eq. 7 at each point, without the ``N x N`` covariance.
+
+        Rounding can make :math:`k(x,x) - q(x,x)` slightly negative near an inducing point; the
+        variance is clamped at zero (a relative error of ``1e-3`` of :math:`k(x,x)` or more is
+        reported by a :class:`~gpext.errors.NumericalWarning`).
+
+        Args:
+            features: Feature vectors, shape ``(*, N, d)``.
+
+        Returns:
+            ``(mean, variance)``, each of shape ``(*b, N)``.
+        """
+        features = self._check_features(features)
+        mean, a = self._project(features)
+        kdiag = self.covar_module(features, diag=True)
+        var = kdiag - (a * a).sum(-2)
+        if bool((var < -1e-3 * kdiag.abs()).any()):
+            warnings.warn(
+                "FeatureSpaceInducingGP.marginal: clearly negative variances clamped at 0; "
+                "K_ZZ is badly conditioned (use float64 or a larger jitter).",
+                NumericalWarning,
+                stacklevel=2,
+            )
+        return mean, var.clamp_min(0.0)
+
+    @torch.no_grad()
+    def add_inducing_points(self, new_points: torch.Tensor) -> None:
+        """Append inducing points (their pseudo-labels follow from the linear function ``r``).
+
+        By 002 Proposition 2 no predictive variance of :meth:`forward` increases.
+
+        Args:
+            new_points: Shape ``(*batch_shape, k, d)`` or ``(k, d)`` (shared by all heads).
+
+        Raises:
+            ShapeError: If the shape does not fit.
+        """
+        z = self.inducing_points
+        if new_points.dim() == 2 and len(self.batch_shape):
+            new_points = new_points.expand(*self.batch_shape, *new_points.shape)
+        if new_points.shape[:-2] != self.batch_shape or new_points.shape[-1] != self.feature_dim:
+            raise ShapeError(
+                expected_got(
+                    "FeatureSpaceInducingGP.add_inducing_points",
+                    f"shape {(*self.batch_shape, 'k', self.feature_dim)}",
+                    tuple(new_points.shape),
+                )
+            )
+        self.inducing_points = nn.Parameter(
+            torch.cat([z, new_points.to(z)], dim=-2), requires_grad=z.requires_grad
+        )
+
+    @torch.no_grad()
+    def initialize_from_features(
+        self,
+        features: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        ridge: float = 1e-3,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Place ``Z`` at a random subset of features and fit ``r`` to their targets.
+
+        The pseudo-label function is set by ridge regression of ``targets`` on ``features``
+        (all rows), so :math:`r(Z)` starts close to the observed labels near each inducing point.
+
+        Args:
+            features: Training features, shape ``(N, d)`` with ``N >= m``.
+            targets: Targets, shape ``(*batch_shape, N)`` or ``(N,)``; ``None`` keeps ``r``.
+            ridge: Ridge penalty (relative to the mean squared feature).
+            generator: Random generator for the subset.
+
+        Raises:
+            InputDataError: If there are fewer feature rows than inducing points.
+        """
+        features = self._check_features(features)
+        if features.dim() != 2:
+            raise ShapeError(
+                expected_got(
+                    "initialize_from_features(features)", "shape (N, d)", tuple(features.shape)
+                )
+            )
+        n, m = features.shape[0], self.num_inducing
+        if n < m:
+            raise InputDataError(
+                expected_got(
+                    "FeatureSpaceInducingGP.initialize_from_features",
+                    f"at least num_inducing={m} feature rows",
+                    n,
+                    "Pass more data or use fewer inducing points.",
+                )
+            )
+        idx = torch.stack(
+            [
+                torch.randperm(n, generator=generator)[:m]
+                for _ in range(max(1, self.batch_shape.numel()))
+            ]
+        ).to(features.device)
+        z = features[idx].reshape(*self.batch_shape, m, self.feature_dim)
+        self.inducing_points.copy_(z.to(self.inducing_points))
+        if targets is None:
+            return
+        design = torch.cat([features, features.new_ones(n, 1)], dim=-1)  # shape: (N, d + 1)
+        gram = design.T @ design
+        lam = ridge * gram.diagonal().mean()
+        t = targets.to(features).reshape(-1, n).T  # shape: (N, heads)
+        heads = max(1, self.batch_shape.numel())
+        if t.shape[1] != heads:
+            if t.shape[1] != 1:
+                raise ShapeError(
+                    expected_got(
+                        "initialize_from_features(targets)",
+                        f"shape {(*self.batch_shape, n)} or ({n},)",
+                        tuple(targets.shape),
+                    )
+                )
+            t = t.expand(n, heads)
+        coef = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0]).to(gram), design.T @ t)
+        self.pseudo_label_weight.copy_(coef[:-1].T.reshape(*self.batch_shape, self.feature_dim))
+        self.pseudo_label_bias.copy_(coef[-1].reshape(self.batch_shape))
