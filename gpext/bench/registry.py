@@ -37,6 +37,7 @@ __all__ = [
 BUILTIN_METHOD_MODULES: list[str] = [
     "gpext.bench.baselines",
     "gpext.bench.methods_ign",
+    "gpext.bench.methods_bootstrap",
 ]
 
 TASKS = ("regression", "classification")

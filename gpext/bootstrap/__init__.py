@@ -1,3 +1,27 @@
-"""gpext.bootstrap."""
+"""Variational bootstrap ensembles (001: Kozyrskiy, Milios & Filippone 2022).
 
-__all__: list[str] = []
+Particles are MAP solutions of problems with perturbed labels and prior anchors drawn from the
+prior (001 Eq. 5-8, 13):
+
+* :class:`VBootRFF`: random-Fourier-feature approximation of an RBF-kernel GP, particles in
+  closed form (001 Eq. 8, Algorithm 2), regression and Dirichlet classification.
+* :class:`VBootMLP`: ``K`` NTK-parameterised MLPs trained together as one vectorised
+  :class:`EnsembleMLP` (001 Eq. 2, 6-7, 13, Algorithm 1); particle subsets can be trained
+  separately and merged.
+* :func:`solve_perturbed_map` and :func:`fit_rbf_hyperparameters`: the building blocks.
+"""
+
+from gpext.bootstrap.ensemble_mlp import EnsembleMLP
+from gpext.bootstrap.perturbed_map import solve_perturbed_map
+from gpext.bootstrap.rbf_hyperparameters import RBFHyperparameters, fit_rbf_hyperparameters
+from gpext.bootstrap.vboot_mlp import VBootMLP
+from gpext.bootstrap.vboot_rff import VBootRFF
+
+__all__ = [
+    "EnsembleMLP",
+    "RBFHyperparameters",
+    "VBootMLP",
+    "VBootRFF",
+    "fit_rbf_hyperparameters",
+    "solve_perturbed_map",
+]

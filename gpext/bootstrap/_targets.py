@@ -1,0 +1,102 @@
+"""Shared input handling of the variational-bootstrap models (private)."""
+
+from __future__ import annotations
+
+import torch
+
+from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.likelihoods.dirichlet_transform import DirichletTransform
+from gpext.utils import (
+    as_float_tensor,
+    check_finite,
+    check_float_dtype,
+    check_labels,
+    check_positive_int,
+)
+
+TASKS = ("regression", "classification")
+
+
+def check_task(task: str, owner: str) -> str:
+    if task not in TASKS:
+        raise InputDataError(expected_got(f"{owner}.task", f"one of {TASKS}", repr(task)))
+    return task
+
+
+def check_inputs(x: object, owner: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    x = as_float_tensor(x, f"{owner} x", dtype)
+    check_float_dtype(x.dtype, f"{owner} x.dtype")
+    if x.dim() != 2 or x.shape[0] == 0:
+        raise ShapeError(
+            expected_got(f"{owner} x", "a non-empty tensor of shape (N, d)", tuple(x.shape))
+        )
+    return check_finite(x, f"{owner} x")
+
+
+def regression_targets(
+    y: object, noise: object, n: int, owner: str, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Targets as ``(N, C)`` and noise (``None``, or broadcast to ``(N, C)``)."""
+    y = as_float_tensor(y, f"{owner} y", dtype).to(device)
+    if y.dim() == 1:
+        y = y.unsqueeze(-1)
+    if y.dim() != 2 or y.shape[0] != n:
+        raise ShapeError(expected_got(f"{owner} y", f"shape ({n},) or ({n}, C)", tuple(y.shape)))
+    check_finite(y, f"{owner} y")
+    if noise is None:
+        return y, None
+    noise = as_float_tensor(noise, f"{owner}.noise", dtype).to(device)
+    if noise.dim() == 1 and noise.shape[0] == n:
+        noise = noise.unsqueeze(-1)  # one variance per point, shared by the outputs
+    try:
+        noise = torch.broadcast_to(noise, y.shape).clone()
+    except RuntimeError as err:
+        raise ShapeError(
+            expected_got(
+                f"{owner}.noise",
+                f"a scalar, shape ({n},) or a tensor broadcastable to {tuple(y.shape)}",
+                tuple(noise.shape),
+            )
+        ) from err
+    if not bool(torch.isfinite(noise).all()) or not bool((noise > 0).all()):
+        raise InputDataError(
+            expected_got(
+                f"{owner}.noise", "finite positive variances", "zero, negative or non-finite values"
+            )
+        )
+    return y, noise
+
+
+def dirichlet_targets(
+    labels: object,
+    num_classes: int,
+    alpha_epsilon: float,
+    n: int,
+    owner: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dirichlet-transformed targets and noise (001 Eq. 10-11), each ``(N, C)``."""
+    labels = check_labels(labels, num_classes, f"{owner} y").to(device)
+    if labels.dim() != 1 or labels.shape[0] != n:
+        raise ShapeError(
+            expected_got(f"{owner} y", f"class labels of shape ({n},)", tuple(labels.shape))
+        )
+    targets, noise = DirichletTransform(num_classes, alpha_epsilon)(labels, dtype=dtype)
+    return targets, noise
+
+
+def check_classes(task: str, num_classes: object, owner: str) -> int | None:
+    """``num_classes`` is required for classification (never inferred from the labels)."""
+    if task != "classification":
+        return None
+    if num_classes is None:
+        raise InputDataError(
+            expected_got(
+                f"{owner}.num_classes",
+                "the number of classes for task='classification'",
+                None,
+                "Pass num_classes=C (it is not inferred from the labels, which may miss classes).",
+            )
+        )
+    return check_positive_int(num_classes, f"{owner}.num_classes", minimum=2)

@@ -1,0 +1,425 @@
+"""Variational bootstrap for MLPs, trained as one vectorised ensemble (001 Sec. 4.1, Alg. 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gpext.bootstrap._targets import (
+    check_classes,
+    check_inputs,
+    check_task,
+    dirichlet_targets,
+    regression_targets,
+)
+from gpext.bootstrap.ensemble_mlp import EnsembleMLP
+from gpext.bootstrap.rbf_hyperparameters import fit_rbf_hyperparameters
+from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
+from gpext.likelihoods.dirichlet_transform import DirichletTransform
+from gpext.utils import check_positive_int, progress_bar
+
+__all__ = ["VBootMLP"]
+
+
+def _particle_generator(seed: int, index: int) -> torch.Generator:
+    """The generator of particle ``index``: independent of which other particles are trained."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + index * 7_919 + 12_345) % 2**63)
+
+
+class VBootMLP(torch.nn.Module):
+    r"""Variational-bootstrap ensemble of NTK-parameterised ReLU MLPs.
+
+    Particle ``k`` minimises the perturbed, anchored objective of 001 Eq. (7),
+
+    .. math::
+        \sum_{i=1}^N \sum_{c=1}^C \frac{(\tilde y_{ic}^{(k)} - f_c(\mathbf{x}_i,
+        \boldsymbol\theta^{(k)}))^2}{2 \sigma_{ic}^2} + \frac{1}{2\alpha^2}
+        \|\boldsymbol\theta^{(k)} - \tilde{\boldsymbol\theta}^{(k)}\|^2,
+        \quad \tilde y_{ic}^{(k)} \sim \mathcal{N}(y_{ic}, \sigma_{ic}^2),\
+        \tilde{\boldsymbol\theta}^{(k)} \sim \mathcal{N}(0, \alpha^2 \mathbf{I}),
+
+    with labels perturbed by their own noise (001 Eq. 5, 13), an anchor drawn from the prior
+    (Eq. 6) that is also the particle's initial value (Algorithm 1, line 9), and minibatch Adam.
+    The network is the NTK-parameterised MLP of Eq. (2); all particles are stacked in one
+    :class:`EnsembleMLP` and trained together by batched matmuls.
+
+    Every random quantity of particle ``k`` (anchor, initial weights, perturbed labels) comes
+    from a generator seeded by ``(seed, k)`` and the minibatch order from ``seed`` alone, so a
+    subset of particles can be trained on its own (``fit(..., particle_indices=...)``, e.g. one
+    subset per machine) and the fitted subsets combined with :meth:`merge`; the result equals
+    training all particles together up to floating-point rounding.
+
+    Targets are centred by their precision-weighted mean per output (added back at
+    prediction), so that the zero-mean prior of the output bias need not absorb the offset of
+    the Dirichlet targets.  Regression uses a Gaussian likelihood with noise ``noise`` (fitted
+    once by :func:`~gpext.bootstrap.fit_rbf_hyperparameters` on a subset when ``None``);
+    classification uses the Dirichlet transform (001 Eq. 10-11) and predicts the particle
+    average of the softmax (001 Eq. 12).
+
+    Args:
+        num_particles: Total number of particles ``K`` of the ensemble.
+        hidden_sizes: Hidden widths (001: ``(512, 512)``).
+        task: ``"regression"`` or ``"classification"``.
+        num_classes: Number of classes ``C`` (required for classification).
+        prior_std: Prior standard deviation ``alpha`` of every weight and bias.
+        noise: Regression noise variance (scalar, ``(N,)`` or ``(N, C)``); fitted when ``None``.
+        alpha_epsilon: Dirichlet ``alpha_epsilon`` (classification), passed to
+            :class:`gpext.likelihoods.dirichlet_transform.DirichletTransform`.
+        seed: Seed of all random draws (see above).
+        dtype: Parameter dtype; default the dtype of the training inputs.
+
+    Example:
+        >>> x = torch.randn(64, 3)
+        >>> y = (x[:, 0] > 0).long()
+        >>> model = VBootMLP(4, hidden_sizes=(16,), task="classification", num_classes=2)
+        >>> model = model.fit(x, y, num_epochs=2, batch_size=32)
+        >>> model.predict_proba(x[:5]).shape
+        torch.Size([5, 2])
+    """
+
+    def __init__(
+        self,
+        num_particles: int = 10,
+        hidden_sizes: Sequence[int] = (512, 512),
+        *,
+        task: str = "regression",
+        num_classes: int | None = None,
+        prior_std: float = 1.0,
+        noise: float | torch.Tensor | None = None,
+        alpha_epsilon: float = 0.01,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_particles = check_positive_int(num_particles, "VBootMLP.num_particles")
+        self.hidden_sizes = tuple(
+            check_positive_int(h, "VBootMLP.hidden_sizes") for h in hidden_sizes
+        )
+        self.task = check_task(task, "VBootMLP")
+        self.num_classes = check_classes(task, num_classes, "VBootMLP")
+        if not prior_std > 0:
+            raise InputDataError(expected_got("VBootMLP.prior_std", "a positive number", prior_std))
+        if task == "classification" and noise is not None:
+            raise InputDataError(
+                "VBootMLP: noise is set by the Dirichlet transform for classification; pass "
+                "alpha_epsilon instead of noise."
+            )
+        if task == "classification":
+            DirichletTransform(self.num_classes, alpha_epsilon)  # validates alpha_epsilon early
+        self.prior_std = float(prior_std)
+        self.noise = noise
+        self.alpha_epsilon = float(alpha_epsilon)
+        self.seed = int(seed)
+        self.dtype = dtype
+        self.net: EnsembleMLP | None = None
+
+    # ------------------------------------------------------------------ state
+    def _build(self, indices: Sequence[int], d: int, c: int, dtype, device) -> None:
+        self.net = EnsembleMLP(len(indices), d, c, self.hidden_sizes, dtype=dtype, device=device)
+        self.register_buffer(
+            "particle_indices", torch.as_tensor(list(indices), dtype=torch.long, device=device)
+        )
+        self.register_buffer("offset", torch.zeros(c, dtype=dtype, device=device))
+        self.register_buffer("noise_", torch.full((), float("nan"), dtype=dtype, device=device))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a state dict, building the (lazily created) network from its shapes first."""
+        if self.net is None and "particle_indices" in state_dict:
+            w0 = state_dict["net.weights.0"]
+            c = state_dict["offset"].shape[0]
+            self._build(
+                state_dict["particle_indices"].tolist(), w0.shape[1], c, w0.dtype, w0.device
+            )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether :meth:`fit` (or a state-dict load) has run."""
+        return self.net is not None
+
+    def _check_fitted(self, what: str) -> None:
+        if self.net is None:
+            raise NotFittedError(f"VBootMLP.{what}: the model is not fitted; call fit(x, y) first.")
+
+    def draw_anchors(self, index: int, d: int, c: int) -> list[torch.Tensor]:
+        """Particle ``index``'s prior draw ``theta~`` (001 Eq. 6), in float64 on the CPU.
+
+        Args:
+            index: Global particle index.
+            d: Input dimension.
+            c: Output dimension.
+
+        Returns:
+            Tensors in the order of :meth:`EnsembleMLP.parameter_shapes`.
+        """
+        gen = _particle_generator(self.seed, index)
+        sizes = [d, *self.hidden_sizes, c]
+        shapes = [(a, b) for a, b in zip(sizes[:-1], sizes[1:])] + [(1, b) for b in sizes[1:]]
+        return [torch.randn(s, generator=gen, dtype=torch.float64) * self.prior_std for s in shapes]
+
+    # ------------------------------------------------------------------ fitting
+    def _targets(self, x, y):
+        n = x.shape[0]
+        if self.task == "classification":
+            targets, noise = dirichlet_targets(
+                y, self.num_classes, self.alpha_epsilon, n, "VBootMLP.fit", x.dtype, x.device
+            )
+            return targets, noise, None
+        targets, noise = regression_targets(y, self.noise, n, "VBootMLP.fit", x.dtype, x.device)
+        scalar = None
+        if noise is None:
+            hp = fit_rbf_hyperparameters(
+                x, targets, None, num_points=500, generator=torch.Generator().manual_seed(self.seed)
+            )
+            scalar = float(hp.noise)
+            noise = torch.full_like(targets, scalar)
+        elif torch.as_tensor(self.noise).numel() == 1:
+            scalar = float(torch.as_tensor(self.noise))
+        return targets, noise, scalar
+
+    def fit(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        particle_indices: Sequence[int] | None = None,
+        num_epochs: int = 50,
+        batch_size: int = 256,
+        lr: float = 1e-3,
+        cosine_decay: bool = False,
+        show_progress: bool | None = None,
+    ) -> VBootMLP:
+        """Train the particles (all, or the subset ``particle_indices``) together.
+
+        Args:
+            x: Training inputs.  # shape: (N, d)
+            y: Regression targets ``(N,)``/``(N, C)`` or class labels ``(N,)``.
+            particle_indices: Global indices in ``[0, num_particles)`` of the particles to
+                train; default all.  Fit disjoint subsets on different workers and combine
+                them with :meth:`merge`.
+            num_epochs: Passes over the data.
+            batch_size: Minibatch size (the likelihood term is rescaled by ``N / B``).
+            lr: Adam learning rate.
+            cosine_decay: Anneal the learning rate to zero over the run (cosine schedule).
+            show_progress: Progress bar over epochs.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            InputDataError: On bad indices, labels or values.
+            ShapeError: If ``x`` and ``y`` disagree.
+        """
+        x = check_inputs(x, "VBootMLP.fit", self.dtype)
+        n, d = x.shape
+        num_epochs = check_positive_int(num_epochs, "VBootMLP.fit num_epochs")
+        batch_size = min(check_positive_int(batch_size, "VBootMLP.fit batch_size"), n)
+        indices = (
+            list(range(self.num_particles))
+            if particle_indices is None
+            else [int(i) for i in particle_indices]
+        )
+        if (
+            not indices
+            or len(set(indices)) != len(indices)
+            or min(indices) < 0
+            or max(indices) >= self.num_particles
+        ):
+            raise InputDataError(
+                expected_got(
+                    "VBootMLP.fit particle_indices",
+                    f"distinct integers in [0, {self.num_particles})",
+                    particle_indices,
+                )
+            )
+        targets, noise, scalar_noise = self._targets(x, y)
+        c = targets.shape[1]
+        prec = noise.reciprocal()
+        offset = (prec * targets).sum(0) / prec.sum(0)
+        self._build(indices, d, c, x.dtype, x.device)
+        self.offset.copy_(offset)
+        if scalar_noise is not None:
+            self.noise_.fill_(scalar_noise)
+        anchors = [self.draw_anchors(i, d, c) for i in indices]
+        anchors = [torch.stack(ts).to(x) for ts in zip(*anchors)]  # each (K, ...)
+        with torch.no_grad():
+            for p, a in zip(self.net.stacked_parameters(), anchors):
+                p.copy_(a)  # Algorithm 1, line 9: start at the anchor
+        eps = torch.stack(
+            [
+                torch.randn(
+                    n, c, generator=_particle_generator(self.seed, i + 2**31), dtype=torch.float64
+                )
+                for i in indices
+            ]
+        ).to(x)
+        y_pert = (targets - offset) + eps * noise.sqrt()  # shape: (K, N, C)
+        del eps
+        data_gen = torch.Generator().manual_seed(self.seed)
+        opt = torch.optim.Adam(self.net.parameters(), lr=lr)
+        steps_per_epoch = n // batch_size
+        sched = None
+        if cosine_decay:
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+                opt, T_max=num_epochs * steps_per_epoch
+            )
+        prior_weight = 1.0 / (2.0 * self.prior_std**2)
+        self.net.train()
+        for _ in progress_bar(range(num_epochs), desc="vboot mlp", show=show_progress):
+            perm = torch.randperm(n, generator=data_gen).to(x.device)
+            for start in range(0, n - batch_size + 1, batch_size):
+                idx = perm[start : start + batch_size]
+                f = self.net(x[idx])  # shape: (K, B, C)
+                resid = (y_pert[:, idx] - f).pow(2).mul(prec[idx]).sum((1, 2))
+                loss = (
+                    resid * (n / (2.0 * batch_size))
+                    + prior_weight * self.net.squared_distance(anchors)
+                ).sum() / n
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if sched is not None:
+                    sched.step()
+        self.net.eval()
+        return self
+
+    @classmethod
+    def merge(cls, models: Sequence[VBootMLP]) -> VBootMLP:
+        """Combine separately fitted particle subsets into one ensemble.
+
+        Args:
+            models: Fitted :class:`VBootMLP` objects with the same configuration and disjoint
+                ``particle_indices`` (e.g. one per worker).
+
+        Returns:
+            A new model holding all their particles, sorted by global index.
+
+        Raises:
+            NotFittedError: If a model is not fitted.
+            InputDataError: If the configurations differ or particle indices overlap.
+        """
+        models = list(models)
+        if not models:
+            raise InputDataError(
+                expected_got("VBootMLP.merge models", "at least one fitted model", "none")
+            )
+        for m in models:
+            m._check_fitted("merge")
+        ref = models[0]
+        keys = ("num_particles", "hidden_sizes", "task", "prior_std", "alpha_epsilon", "seed")
+        for m in models[1:]:
+            for key in keys:
+                if getattr(m, key) != getattr(ref, key):
+                    raise InputDataError(
+                        expected_got(
+                            f"VBootMLP.merge {key}",
+                            repr(getattr(ref, key)),
+                            repr(getattr(m, key)),
+                            "Merge only subsets of one ensemble.",
+                        )
+                    )
+            if m.net.layer_sizes != ref.net.layer_sizes or not torch.allclose(m.offset, ref.offset):
+                raise InputDataError(
+                    "VBootMLP.merge: the models were fitted on different data (layer sizes or target offsets differ)."
+                )
+        all_idx = torch.cat([m.particle_indices.cpu() for m in models])
+        if all_idx.unique().numel() != all_idx.numel():
+            raise InputDataError(
+                expected_got(
+                    "VBootMLP.merge particle_indices", "disjoint subsets", all_idx.tolist()
+                )
+            )
+        order = all_idx.argsort()
+        out = cls(
+            ref.num_particles, ref.hidden_sizes, task=ref.task, num_classes=ref.num_classes,
+            prior_std=ref.prior_std, noise=ref.noise, alpha_epsilon=ref.alpha_epsilon, seed=ref.seed,
+            dtype=ref.dtype,
+        )  # fmt: skip
+        p0 = ref.net.weights[0]
+        out._build(
+            all_idx[order].tolist(), ref.net.in_features, ref.net.out_features, p0.dtype, p0.device
+        )
+        out.offset.copy_(ref.offset)
+        out.noise_.copy_(ref.noise_)
+        with torch.no_grad():
+            for j, params in enumerate(zip(*(m.net.stacked_parameters() for m in models))):
+                out.net.stacked_parameters()[j].copy_(
+                    torch.cat([p.to(p0.device) for p in params])[order.to(p0.device)]
+                )
+        out.net.eval()
+        return out
+
+    # ------------------------------------------------------------------ prediction
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Latent outputs of every particle (target offset added back).
+
+        Args:
+            x: Inputs.  # shape: (M, d)
+
+        Returns:
+            Particle outputs.  # shape: (K, M, C)
+        """
+        self._check_fitted("forward")
+        p0 = self.net.weights[0]
+        x = check_inputs(x, "VBootMLP.forward", p0.dtype).to(p0.device)
+        if x.shape[-1] != self.net.in_features:
+            raise ShapeError(
+                expected_got("VBootMLP.forward x", f"{self.net.in_features} columns", x.shape[-1])
+            )
+        return torch.cat([self.net(xb) for xb in x.split(2048)], dim=1) + self.offset
+
+    @torch.no_grad()
+    def predict_mixture(
+        self, x: torch.Tensor, noise: float | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Regression predictive as an equal-weight Gaussian mixture over particles.
+
+        Args:
+            x: Test inputs.  # shape: (M, d)
+            noise: Test noise variance; default the fitted (or given scalar) noise.
+
+        Returns:
+            Component means and variances, ``(K, M)`` for one output or ``(K, M, C)``.
+
+        Raises:
+            InputDataError: For a classifier, or when the noise is unknown.
+        """
+        if self.task != "regression":
+            raise InputDataError(
+                "VBootMLP.predict_mixture: the model is a classifier; use predict_proba."
+            )
+        f = self(x)
+        if noise is None:
+            if not bool(torch.isfinite(self.noise_)):
+                raise InputDataError(
+                    "VBootMLP.predict_mixture: the training noise was given per point; pass the "
+                    "test points' noise variance as noise=..."
+                )
+            noise = self.noise_
+        noise = torch.as_tensor(noise, dtype=f.dtype, device=f.device)
+        if noise.dim() == 1 and f.shape[-1] != noise.shape[0]:
+            noise = noise.unsqueeze(-1)
+        var = torch.broadcast_to(noise, f.shape).clone()
+        if f.shape[-1] == 1:
+            return f.squeeze(-1), var.squeeze(-1)
+        return f, var
+
+    @torch.no_grad()
+    def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
+        """Class probabilities, the particle average of the softmax (001 Eq. 12).
+
+        Args:
+            x: Test inputs.  # shape: (M, d)
+
+        Returns:
+            Probabilities.  # shape: (M, C)
+
+        Raises:
+            InputDataError: For a regression model.
+        """
+        if self.task != "classification":
+            raise InputDataError(
+                "VBootMLP.predict_proba: the model is a regressor; use predict_mixture."
+            )
+        return torch.softmax(self(x), dim=-1).mean(0)

@@ -1,0 +1,169 @@
+"""VBootRFF: features, exact-posterior predictive, Dirichlet classification, errors."""
+
+import gpytorch
+import pytest
+import torch
+
+from gpext.bootstrap import VBootRFF
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError
+from gpext.likelihoods.dirichlet_transform import DirichletTransform
+
+
+def _regression_data(dtype, n=80, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=gen, dtype=torch.float64).to(dtype) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    return x, y
+
+
+def _classification_data(dtype, n=150, seed=0, classes=3):
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.tensor([[2.0, 0.0], [-1.0, 1.7], [-1.0, -1.7]], dtype=torch.float64)[:classes]
+    y = torch.arange(n) % classes
+    x = centers[y] + 0.5 * torch.randn(n, 2, generator=gen, dtype=torch.float64)
+    return x.to(dtype), y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+class TestVBootRFFRegression:
+    seed = 3
+
+    def test_features_reuse_gpytorch_rff_kernel(self, dtype):
+        x, y = _regression_data(dtype)
+        model = VBootRFF(4000, 2, lengthscale=0.7, outputscale=1.0, noise=0.01, mean=0.0)
+        model.fit(x, y, generator=torch.Generator().manual_seed(self.seed))
+        phi = model.features(x[:10])
+        assert phi.shape == (10, 4000) and phi.dtype == dtype
+        # identical to GPyTorch's RFFKernel covariance ...
+        torch.testing.assert_close(
+            phi @ phi.T, model.kernel(x[:10]).to_dense(), rtol=1e-4, atol=1e-4
+        )
+        # ... and close to the RBF kernel it approximates (2000 frequencies: error ~ 0.03)
+        rbf = gpytorch.kernels.RBFKernel().to(dtype)
+        rbf.lengthscale = 0.7
+        err = (phi @ phi.T - rbf(x[:10]).to_dense()).abs().max()
+        assert err < 0.1
+
+    def test_particle_mixture_matches_exact_predictive(self, dtype):
+        """Particles are exact posterior draws: their mean/variance match 001 Eq. (3)."""
+        x, y = _regression_data(dtype)
+        k, noise, alpha2 = 4000, 0.05, 1.3
+        model = VBootRFF(100, k, lengthscale=0.8, outputscale=alpha2, noise=noise, mean=0.0).fit(
+            x, y, generator=torch.Generator().manual_seed(self.seed)
+        )
+        xt = torch.linspace(-2.5, 2.5, 9, dtype=dtype)[:, None]
+        means, variances = model.predict_mixture(xt)
+        assert means.shape == (k, 9) and torch.allclose(
+            variances, torch.full_like(variances, noise)
+        )
+        phi, phit = model.features(x).double(), model.features(xt).double()
+        a = phi.T @ phi / noise + torch.eye(100, dtype=torch.float64) / alpha2
+        cov = torch.linalg.inv(a)
+        mean = phit @ (cov @ phi.T @ y.double()) / noise
+        var = ((phit @ cov) * phit).sum(-1)
+        se = (var / k).sqrt()
+        assert ((means.double().mean(0) - mean).abs() / se).max() < 4.5
+        # sample variance: relative standard error sqrt(2 / K) ~ 0.022
+        ratio = means.double().var(0) / var
+        assert ((ratio - 1).abs() < 0.12).all()
+
+    def test_fitted_hyperparameters_and_state_dict(self, dtype):
+        x, y = _regression_data(dtype, n=120)
+        model = VBootRFF(200, 8, hyper_iters=12, hyper_num_points=100).fit(
+            x, y, generator=torch.Generator().manual_seed(1)
+        )
+        hp = model.hyperparameters
+        assert 0.003 < hp.noise < 0.04  # true noise 0.01
+        clone = VBootRFF(200, 8)
+        clone.load_state_dict(model.state_dict())
+        xt = torch.randn(5, 1, dtype=dtype)
+        torch.testing.assert_close(clone(xt), model(xt))
+        torch.testing.assert_close(clone.predict_mixture(xt)[1], model.predict_mixture(xt)[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+class TestVBootRFFDirichlet:
+    seed = 4
+
+    def test_uses_dirichlet_transform_targets(self, dtype):
+        """Large prior variance, many features: particle means fit the transformed targets."""
+        x, y = _classification_data(dtype, n=30)
+        transform = DirichletTransform(3, alpha_epsilon=0.05)
+        targets, noise = transform(y, dtype=dtype)
+        model = VBootRFF(
+            60, 2000, task="classification", num_classes=3, alpha_epsilon=0.05,
+            lengthscale=1.0, outputscale=2.0, mean=targets.mean(0),
+        ).fit(x, y, generator=torch.Generator().manual_seed(self.seed))  # fmt: skip
+        # the particle average is the heteroscedastic posterior mean under (targets, noise)
+        phi = model.features(x).double()
+        f_mean = model(x).double().mean(0)  # shape: (N, C)
+        for c in range(3):
+            prec = 1.0 / noise[:, c].double()
+            a = phi.T @ (prec[:, None] * phi) + torch.eye(60, dtype=torch.float64) / 2.0
+            rhs = phi.T @ (prec * (targets[:, c].double() - targets[:, c].mean().double()))
+            exact = phi @ torch.linalg.solve(a, rhs) + targets[:, c].mean().double()
+            assert (f_mean[:, c] - exact).abs().max() < 0.15
+
+    def test_classification_probabilities(self, dtype):
+        x, y = _classification_data(dtype)
+        model = VBootRFF(
+            300, 30, task="classification", num_classes=3, hyper_iters=8, hyper_num_points=90
+        )
+        model.fit(x, y, generator=torch.Generator().manual_seed(self.seed))
+        probs = model.predict_proba(x)
+        assert probs.shape == (150, 3) and probs.dtype == dtype
+        torch.testing.assert_close(probs.sum(-1), torch.ones(150, dtype=dtype))
+        # Eq. 12: average of per-particle softmax
+        torch.testing.assert_close(probs, torch.softmax(model(x), -1).mean(0))
+        assert (probs.argmax(-1) == y).double().mean() > 0.9
+        far = torch.tensor([[30.0, 30.0]], dtype=dtype)  # far from data: close to the prior
+        assert model.predict_proba(far).max() < probs.max(-1).values.mean()
+
+
+class TestVBootRFFErrors:
+    def test_constructor_errors(self):
+        with pytest.raises(InputDataError, match="even"):
+            VBootRFF(11)
+        with pytest.raises(InputDataError, match="task"):
+            VBootRFF(10, task="ranking")
+        with pytest.raises(InputDataError, match="num_classes"):
+            VBootRFF(10, task="classification")
+        with pytest.raises(InputDataError, match="noise is set by the Dirichlet"):
+            VBootRFF(10, task="classification", num_classes=2, noise=0.1)
+        with pytest.raises(InputDataError, match="alpha_epsilon"):
+            VBootRFF(10, task="classification", num_classes=2, alpha_epsilon=0.0)
+
+    def test_fit_and_predict_errors(self):
+        x, y = _classification_data(torch.float64, n=30)
+        model = VBootRFF(
+            20, 2, task="classification", num_classes=3, lengthscale=1.0, outputscale=1.0
+        )
+        with pytest.raises(NotFittedError, match="fit"):
+            model.predict_proba(x)
+        with pytest.raises(InputTypeError, match="integer class labels"):
+            model.fit(x, y.double() + 0.5)
+        with pytest.raises(InputDataError, match=r"labels in \[0, 3\)"):
+            model.fit(x, y + 1)
+        with pytest.raises(ShapeError, match=r"shape \(30,\)"):
+            model.fit(x, y[:-1])
+        bad = x.clone()
+        bad[0, 0] = float("nan")
+        with pytest.raises(InputDataError, match="NaN"):
+            model.fit(bad, y)
+        with pytest.raises(InputTypeError, match="torch.Generator"):
+            model.fit(x, y, generator=0)
+        with pytest.raises(InputDataError, match="float32 or torch.float64"):
+            model.fit(x.half(), y)
+        model.fit(x, y)
+        with pytest.raises(ShapeError, match="columns"):
+            model.predict_proba(torch.zeros(2, 5, dtype=torch.float64))
+        with pytest.raises(InputDataError, match="classifier"):
+            model.predict_mixture(x)
+        reg = VBootRFF(20, 2, lengthscale=1.0, outputscale=1.0, noise=torch.full((30,), 0.1))
+        reg.fit(x, x[:, 0])
+        with pytest.raises(InputDataError, match="per point"):
+            reg.predict_mixture(x)
+        with pytest.raises(InputDataError, match="regressor"):
+            reg.predict_proba(x)
+        with pytest.raises(InputDataError, match="finite positive"):
+            VBootRFF(20, 2, lengthscale=1.0, outputscale=1.0, noise=-1.0).fit(x, x[:, 0])
