@@ -38,6 +38,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext.bench.baselines",
     "gpext.bench.methods_ign",
     "gpext.bench.methods_bootstrap",
+    "gpext.bench.methods_classification",
 ]
 
 TASKS = ("regression", "classification")
