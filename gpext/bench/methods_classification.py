@@ -26,7 +26,12 @@ from gpext.likelihoods import RobustMaxLikelihood
 from gpext.models.dirichlet_gp_classifier import DirichletGPClassifier
 from gpext.utils import progress_bar
 
-__all__ = ["DIRICHLET_SETTINGS"]
+__all__ = [
+    "DIRICHLET_SETTINGS",
+    "fit_dirichlet_gp",
+    "fit_gpytorch_dirichlet",
+    "fit_robust_max_svgp",
+]
 
 #: Budgets of ``gpext_dirichlet_gp``: (quick, full) values.
 DIRICHLET_SETTINGS = {
