@@ -39,6 +39,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext.bench.methods_ign",
     "gpext.bench.methods_bootstrap",
     "gpext.bench.methods_classification",
+    "gpext.bench.methods_gwi",
 ]
 
 TASKS = ("regression", "classification")

@@ -1,3 +1,5 @@
-"""gpext.mlls."""
+"""gpext.mlls: training objectives (GWI's expected log-likelihood plus Wasserstein-2 distance)."""
 
-__all__: list[str] = []
+from gpext.mlls.gwi_objective import GWIObjective
+
+__all__: list[str] = ["GWIObjective"]

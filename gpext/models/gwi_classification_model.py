@@ -1,0 +1,175 @@
+r"""GWI multiclass classification with the robust-max likelihood.
+
+``J`` independent latent functions :math:`F_j \sim \mathbb Q_j = \mathcal{GP}(m_{Q,j}, r_j)`
+(one shared prior kernel), robust-max likelihood, objective (003_4a6349f7433d9fd1.txt
+section 2.1)
+
+.. math::
+
+    \mathcal L = -\sum_n \Big[\log(1-\epsilon) S(x_n, y_n)
+        + \log\tfrac{\epsilon}{J-1}\big(1 - S(x_n, y_n)\big)\Big]
+        + \sum_{j=1}^J W_2^2(\mathbb P_j, \mathbb Q_j),
+
+and prediction :math:`\mathbb Q(Y_* = j) = (1-\epsilon) S(x_*, j) + \frac{\epsilon}{J-1}(1 - S(x_*, j))`
+(003 section 2.2), tempered as :math:`\propto \mathbb Q(Y_* = j)^{1/T}`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from gpext.errors import ShapeError, expected_got
+from gpext.models.gwi_model import GWIModel, fit_exact_prior
+from gpext.utils import check_finite, check_labels, check_positive_int
+from gpext.variational import WassersteinNetworkMean
+
+__all__ = ["GWIClassificationModel"]
+
+
+class _SmallCNN(torch.nn.Module):
+    """Two conv blocks and a linear head on flattened images ``(B, C*H*W)``."""
+
+    def __init__(self, image_shape: Sequence[int], num_outputs: int):
+        super().__init__()
+        c, h, w = image_shape
+        self.image_shape = tuple(image_shape)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(c, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(64 * (h // 4) * (w // 4), 128), torch.nn.ReLU(),
+            torch.nn.Linear(128, num_outputs),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x.reshape(-1, *self.image_shape))
+
+
+class GWIClassificationModel(GWIModel):
+    r"""GWI for multiclass classification with the robust-max likelihood (003 section 2).
+
+    .. math::
+
+        \mathbb Q(Y_* = j) = (1-\epsilon) S(x_*, j) + \frac{\epsilon}{J-1}\big(1 - S(x_*, j)\big)
+
+    The model's output is a batch :class:`~gpytorch.distributions.MultivariateNormal` of shape
+    ``(J, N)`` (the latent functions as the last batch dimension), the input format of
+    :class:`gpext.likelihoods.RobustMaxLikelihood`.
+
+    Args: see :class:`~gpext.models.gwi_model.GWIModel` (``num_latents`` = number of classes).
+
+    Example:
+        >>> model, likelihood = GWIClassificationModel.from_data(train_x, train_y, num_classes=10)
+        >>> model.fit(likelihood, train_x, train_y, epochs=20)
+        >>> probs = model.predict_proba(likelihood, test_x)
+    """
+
+    @classmethod
+    def from_data(
+        cls,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        num_classes: int,
+        *,
+        num_inducing: int | None = None,
+        prior_points: int = 1000,
+        prior_steps: int = 60,
+        mean_module: torch.nn.Module | None = None,
+        image_shape: Sequence[int] | None = None,
+        epsilon: float = 0.01,
+        num_subsample: int = 100,
+        learn_inducing_locations: bool = True,
+        generator: torch.Generator | None = None,
+        show_progress: bool | None = None,
+    ):
+        r"""Build a model: exact-GP prior on centred one-hot labels, ``Z`` = data points.
+
+        The prior kernel is fitted by exact GP regression of the centred one-hot labels (one
+        shared scaled RBF kernel, zero prior mean) on a subset and frozen; ``L`` starts at
+        :math:`\operatorname{chol}((K_{ZZ} + K_{ZX}K_{XZ}/\sigma^2)^{-1})`.  The mean
+        :math:`m_Q` is an MLP, or a small CNN when ``image_shape`` is given.
+
+        Args:
+            x: Training inputs. # shape: (N, D)
+            y: Labels in ``[0, J)``. # shape: (N,)
+            num_classes: ``J``.
+            num_inducing: ``M`` (default ``ceil(sqrt(N))``).
+            prior_points: Subset size of the prior fit.
+            prior_steps: Adam steps of the prior fit.
+            mean_module: Custom :math:`m_Q` returning ``(J, N)``.
+            image_shape: ``(C, H, W)`` of flattened image inputs (selects the CNN mean).
+            epsilon: Robust-max error probability (0.01 as in Wild et al. 2022).
+            num_subsample: ``N_S`` of the W2 estimator.
+            learn_inducing_locations: Whether ``Z`` is trained.
+            generator: Random generator.
+            show_progress: Progress bar of the prior fit.
+
+        Returns:
+            ``(model, likelihood)`` with a :class:`gpext.likelihoods.RobustMaxLikelihood`.
+        """
+        from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
+
+        j = check_positive_int(num_classes, "num_classes", minimum=2)
+        if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    "GWIClassificationModel.from_data(x, y)",
+                    "x (N, D), y (N,)",
+                    f"{tuple(x.shape)}, {tuple(y.shape)}",
+                )
+            )
+        check_finite(x, "x")
+        y = check_labels(y, j, "y").to(x.device)
+        n, d = x.shape
+        onehot = torch.nn.functional.one_hot(y, j).to(x) - 1.0 / j
+        _, kernel, noise = fit_exact_prior(
+            x,
+            onehot,
+            max_points=prior_points,
+            steps=prior_steps,
+            generator=generator,
+            show_progress=show_progress,
+        )
+        if mean_module is None:
+            net = _SmallCNN(image_shape, j) if image_shape is not None else None
+            mean_module = WassersteinNetworkMean(d, j, net=net)
+        m = num_inducing or math.ceil(math.sqrt(n))
+        idx = torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
+        model = cls(
+            x[idx].clone(), kernel, mean_module=mean_module, num_latents=j,
+            num_subsample=num_subsample, learn_inducing_locations=learn_inducing_locations,
+            generator=generator,
+        ).to(x)  # fmt: skip
+        sub = x[torch.randperm(n, generator=generator)[:prior_points].to(x.device)]
+        model.variational_strategy.initialize_from_data(sub, noise * sub.shape[0] / n)
+        likelihood = RobustMaxLikelihood(j, epsilon=epsilon).to(x)
+        return model, likelihood
+
+    def predict_proba(self, likelihood, x: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:
+        r"""Tempered robust-max class probabilities (003 section 2.2).
+
+        Args:
+            likelihood: The :class:`~gpext.likelihoods.RobustMaxLikelihood`.
+            x: Test inputs. # shape: (N, D)
+            batch_size: Points per forward pass.
+
+        Returns:
+            Probabilities :math:`\propto \mathbb Q(Y_*=j)^{1/T}`. # shape: (N, J)
+        """
+        self._check_fitted()
+        self.eval()
+        out = []
+        with torch.no_grad():
+            for xb in x.split(batch_size):
+                logp = likelihood.marginal(self(xb)).logits
+                out.append(torch.softmax(logp / self.temperature, dim=-1))
+        return torch.cat(out)
+
+    def _predictive_cache(self, likelihood, x):
+        return torch.cat([likelihood.marginal(self(xb)).logits for xb in x.split(1024)])
+
+    def _tempered_nll(self, cache, y, temperature: float) -> float:
+        logp = torch.log_softmax(cache / temperature, dim=-1)
+        return float(-logp.gather(-1, y.long().reshape(-1, 1).to(logp.device)).mean())

@@ -1,0 +1,386 @@
+r"""Shared machinery of the GWI models: frozen prior, training loop, temperature calibration.
+
+GWI (003_4a6349f7433d9fd1.txt, section 2; Wild et al. 2022) fits the prior
+:math:`\mathbb P = \mathcal{GP}(m_P, k)` first (by an exact GP on a subset of the data, as the
+public scripts do), freezes it, and then minimises
+
+.. math::
+
+    \mathcal L = -\mathbb E_{\mathbb Q}[\log p(y \mid F)] + \sum_j W_2^2(\mathbb P_j, \mathbb Q_j)
+
+over :math:`\mathbb Q` with minibatches (:class:`gpext.mlls.GWIObjective`).  A temperature
+:math:`T` is picked afterwards on validation NLL, as in the public scripts: the predictive
+likelihood is tempered, :math:`p_T(y_* \mid x_*) \propto p(y_* \mid x_*)^{1/T}` (for a Gaussian
+predictive this multiplies its variance by :math:`T`; for class probabilities it is the usual
+temperature scaling).  This calibrates the spread of :math:`\mathbb Q`, which the fixed
+Nyström residual of :math:`r` keeps close to the prior's away from the inducing points.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.mlls import GWIObjective
+from gpext.utils import check_finite, check_positive_int, progress_bar
+from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
+
+__all__ = ["GWIModel", "fit_exact_prior"]
+
+
+class _PriorGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, mean_module, covar_module):
+        super().__init__(x, y, likelihood)
+        self.mean_module = mean_module
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def fit_exact_prior(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    max_points: int = 1000,
+    steps: int = 100,
+    lr: float = 0.1,
+    ard: bool | None = None,
+    generator: torch.Generator | None = None,
+    show_progress: bool | None = None,
+) -> tuple[gpytorch.means.Mean, gpytorch.kernels.Kernel, float]:
+    r"""Fit GWI's prior :math:`\mathcal{GP}(m_P, k)` by an exact GP on a subset, then freeze it.
+
+    Maximises the exact marginal likelihood of a constant-mean, scaled RBF GP (Adam) on a seeded
+    random subset of at most ``max_points`` points.  ``y`` of shape ``(N, J)`` fits ``J``
+    outputs with one shared kernel (the sum of their marginal likelihoods), e.g. centred one-hot
+    labels for classification.
+
+    Args:
+        x: Inputs. # shape: (N, D)
+        y: Targets. # shape: (N,) or (N, J)
+        max_points: Size of the random subset used for the fit.
+        steps: Adam steps.
+        lr: Adam learning rate.
+        ard: One lengthscale per input (default: when ``D <= 50``).
+        generator: Random generator for the subset.
+        show_progress: Progress bar.
+
+    Returns:
+        ``(mean_module, covar_module, noise_variance)``; the modules have ``requires_grad``
+        off.
+
+    Raises:
+        ShapeError: If ``x`` and ``y`` do not match.
+
+    Example:
+        >>> mean, kernel, noise = fit_exact_prior(train_x, train_y)
+    """
+    if x.dim() != 2 or y.shape[0] != x.shape[0] or y.dim() not in (1, 2):
+        raise ShapeError(
+            expected_got(
+                "fit_exact_prior(x, y)",
+                "x (N, D) and y (N,) or (N, J)",
+                f"{tuple(x.shape)}, {tuple(y.shape)}",
+            )
+        )
+    check_finite(x, "x")
+    check_finite(y, "y")
+    n, d = x.shape
+    if n > max_points:
+        idx = torch.randperm(n, generator=generator)[:max_points].to(x.device)
+        x, y = x[idx], y[idx]
+    batch = torch.Size([y.shape[1]]) if y.dim() == 2 else torch.Size([])
+    targets = y.mT.contiguous() if y.dim() == 2 else y
+    ard = d <= 50 if ard is None else ard
+    mean = gpytorch.means.ConstantMean(batch_shape=batch)
+    kernel = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(ard_num_dims=d if ard else None)
+    )
+    if not ard:  # median-distance initialisation helps in high dimension
+        kernel.base_kernel.lengthscale = (
+            torch.cdist(x[:200], x[:200]).median().clamp_min(1e-3).item()
+        )
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
+    model = _PriorGP(x, targets, likelihood, mean, kernel).to(x)
+    likelihood = likelihood.to(x)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in progress_bar(range(steps), desc="GWI prior", show=show_progress):
+        opt.zero_grad()
+        loss = -mll(model(x), targets).sum()
+        loss.backward()
+        opt.step()
+    noise = float(likelihood.noise.detach().mean())
+    mean.requires_grad_(False)
+    kernel.requires_grad_(False)
+    return mean, kernel, noise
+
+
+class _KernelExpansionMean(gpytorch.means.Mean):
+    """``m_Q(x) = m_P(x) + k(x, C) w (+ g(x))``: a kernel expansion on fixed centres ``C``.
+
+    With the frozen prior kernel this spans the sparse-GP posterior means; the optional network
+    ``g`` (a :class:`~gpext.variational.WassersteinNetworkMean`) adds flexibility.
+    """
+
+    def __init__(
+        self, prior_mean, kernel, centers: torch.Tensor, net: torch.nn.Module | None = None
+    ):
+        super().__init__()
+        self.prior_mean = prior_mean
+        self.kernel = kernel
+        self.register_buffer("centers", centers.detach().clone())
+        batch = prior_mean(centers[:1]).shape[:-1]
+        self.weights = torch.nn.Parameter(
+            torch.zeros(*batch, centers.shape[-2], dtype=centers.dtype)
+        )
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kxc = self.kernel(x, self.centers).to_dense()  # shape: (*batch, N, C)
+        out = self.prior_mean(x) + (kxc @ self.weights.unsqueeze(-1)).squeeze(-1)
+        if self.net is not None:
+            out = out + self.net(x)
+        return out
+
+
+class GWIModel(gpytorch.models.ApproximateGP):
+    r"""Base class of the GWI models: frozen prior, Wasserstein strategy, fit and calibration.
+
+    The prior is :math:`\mathcal{GP}(m_P, k)` given by ``prior_mean`` and ``covar_module``;
+    :math:`\mathbb Q` is built by :class:`~gpext.variational.WassersteinVariationalStrategy`.
+
+    .. math::
+
+        \mathcal L = -\mathbb E_{\mathbb Q}[\log p(y \mid F)] + \sum_j W_2^2(\mathbb P_j, \mathbb Q_j)
+
+    Subclasses owe two hooks: ``_predictive_cache(likelihood, x)`` (the untempered predictive
+    on ``x``) and ``_tempered_nll(cache, y, temperature) -> float`` (mean negative log
+    predictive density under temperature ``T``).
+
+    Args:
+        inducing_points: Inducing inputs ``Z`` (a subset of the data). # shape: (M, D)
+        covar_module: Prior kernel ``k`` (fitted and frozen beforehand).
+        prior_mean: Prior mean ``m_P`` (default zero).
+        mean_module: Variational mean ``m_Q`` (default an MLP).
+        num_latents: Number ``J`` of independent latent functions (``None``: one).
+        num_subsample: Subsample size ``N_S`` of the W2 estimator.
+        learn_inducing_locations: Whether ``Z`` is trained.
+        generator: Random generator of the W2 subsamples.
+    """
+
+    def __init__(
+        self,
+        inducing_points: torch.Tensor,
+        covar_module: gpytorch.kernels.Kernel,
+        *,
+        prior_mean: gpytorch.means.Mean | None = None,
+        mean_module: torch.nn.Module | None = None,
+        num_latents: int | None = None,
+        num_subsample: int = 100,
+        learn_inducing_locations: bool = True,
+        generator: torch.Generator | None = None,
+    ):
+        if not isinstance(inducing_points, torch.Tensor) or inducing_points.dim() != 2:
+            raise ShapeError(
+                expected_got(
+                    "inducing_points",
+                    "a tensor of shape (M, D)",
+                    getattr(inducing_points, "shape", type(inducing_points).__name__),
+                )
+            )
+        batch = (
+            torch.Size([check_positive_int(num_latents, "num_latents")])
+            if num_latents
+            else torch.Size([])
+        )
+        dist = WassersteinVariationalDistribution(inducing_points.shape[-2], batch_shape=batch)
+        strategy = WassersteinVariationalStrategy(
+            self, inducing_points, dist, learn_inducing_locations,
+            mean_module=mean_module, num_subsample=num_subsample,
+            latent_dim=-1 if num_latents else None, generator=generator,
+        )  # fmt: skip
+        super().__init__(strategy)
+        self.prior_mean = prior_mean if prior_mean is not None else gpytorch.means.ZeroMean()
+        self.covar_module = covar_module
+        self.num_latents = num_latents
+        self.register_buffer("temperature", torch.tensor(1.0))
+
+    def forward(self, x: torch.Tensor) -> MultivariateNormal:
+        """The prior :math:`\\mathcal N(m_P(x), k(x, x))`. # x shape: (*batch, N, D)"""
+        mean = self.prior_mean(x)
+        covar = self.covar_module(x)
+        if self.num_latents and mean.dim() < 2:
+            mean = mean.unsqueeze(-2).expand(*mean.shape[:-1], self.num_latents, mean.shape[-1])
+        return MultivariateNormal(mean, covar)
+
+    def fit(
+        self,
+        likelihood: gpytorch.likelihoods.Likelihood,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        epochs: int,
+        batch_size: int = 256,
+        lr: float = 1e-2,
+        x_val: torch.Tensor | None = None,
+        y_val: torch.Tensor | None = None,
+        eval_every: int = 1,
+        generator: torch.Generator | None = None,
+        show_progress: bool | None = None,
+    ) -> dict[str, list[float]]:
+        """Minimise the GWI objective with Adam on minibatches.
+
+        With a validation set, the state with the lowest validation NLL (checked every
+        ``eval_every`` epochs) is restored at the end.
+
+        Args:
+            likelihood: Gaussian or robust-max likelihood (its parameters are trained too).
+            x: Training inputs. # shape: (N, D)
+            y: Training targets. # shape: (N,)
+            epochs: Passes over the data.
+            batch_size: Minibatch size.
+            lr: Adam learning rate.
+            x_val: Optional validation inputs. # shape: (N_val, D)
+            y_val: Optional validation targets. # shape: (N_val,)
+            eval_every: Validation period in epochs.
+            generator: Random generator for the shuffling.
+            show_progress: Progress bar.
+
+        Returns:
+            History with per-epoch ``loss`` (negative objective), ``w2`` (mean batch W2
+            estimate) and, with validation data, ``val_nll`` and ``val_epoch``.
+        """
+        epochs = check_positive_int(epochs, "epochs")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        if x.dim() != 2 or y.shape[0] != x.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    "fit(x, y)", "x (N, D) and y (N,)", f"{tuple(x.shape)}, {tuple(y.shape)}"
+                )
+            )
+        if (x_val is None) != (y_val is None):
+            raise InputDataError(
+                "GWIModel.fit: expected both x_val and y_val or neither, got one of them."
+            )
+        n = x.shape[0]
+        mll = GWIObjective(likelihood, self, num_data=n)
+        params = [p for p in (*self.parameters(), *likelihood.parameters()) if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=lr)
+        history: dict[str, list[float]] = {"loss": [], "w2": [], "val_nll": [], "val_epoch": []}
+        best, best_state = math.inf, None
+        for epoch in progress_bar(range(epochs), desc="GWI", show=show_progress):
+            self.train()
+            likelihood.train()
+            perm = torch.randperm(n, generator=generator).to(x.device)
+            tot, w2s, nb = 0.0, 0.0, 0
+            for start in range(0, n, batch_size):
+                idx = perm[start : start + batch_size]
+                if idx.numel() < 2 and nb:
+                    continue
+                opt.zero_grad()
+                out = self(x[idx])
+                loss = -mll(out, y[idx])
+                loss.backward()
+                opt.step()
+                tot += float(loss.detach())
+                w2s += float(self.variational_strategy.kl_divergence().detach())
+                nb += 1
+            history["loss"].append(tot / nb)
+            history["w2"].append(w2s / nb)
+            if x_val is not None and ((epoch + 1) % eval_every == 0 or epoch == epochs - 1):
+                nll = self._validation_nll(likelihood, x_val, y_val, 1.0)
+                history["val_nll"].append(nll)
+                history["val_epoch"].append(epoch + 1)
+                if nll < best:
+                    best = nll
+                    best_state = (
+                        copy.deepcopy(self.state_dict()),
+                        copy.deepcopy(likelihood.state_dict()),
+                    )
+        if best_state is not None:
+            self.load_state_dict(best_state[0])
+            likelihood.load_state_dict(best_state[1])
+        self.eval()
+        likelihood.eval()
+        self._fitted = True
+        return history
+
+    def _validation_nll(self, likelihood, x, y, temperature: float) -> float:
+        self.eval()
+        likelihood.eval()
+        with torch.no_grad():
+            return self._tempered_nll(self._predictive_cache(likelihood, x), y, temperature)
+
+    def _predictive_cache(self, likelihood, x: torch.Tensor):
+        raise NotImplementedError
+
+    def _tempered_nll(self, cache, y: torch.Tensor, temperature: float) -> float:
+        raise NotImplementedError
+
+    def calibrate_temperature(
+        self,
+        likelihood: gpytorch.likelihoods.Likelihood,
+        x_val: torch.Tensor,
+        y_val: torch.Tensor,
+        grid: torch.Tensor | None = None,
+    ) -> float:
+        r"""Pick the likelihood temperature :math:`T` on a validation split and store it.
+
+        The tempered predictive is :math:`p_T(y_* \mid x_*) \propto p(y_* \mid x_*)^{1/T}`; ``T`` is
+        the grid value (default 41 log-spaced values in ``[0.01, 100]``) with the lowest validation
+        NLL, refined by a golden-section search around it.
+
+        Args:
+            likelihood: The trained likelihood.
+            x_val: Validation inputs. # shape: (N_val, D)
+            y_val: Validation targets. # shape: (N_val,)
+            grid: Candidate temperatures (positive).
+
+        Returns:
+            The chosen temperature (also stored in ``self.temperature``).
+
+        Raises:
+            InputDataError: If the grid has non-positive values.
+        """
+        if not isinstance(x_val, torch.Tensor):
+            raise InputTypeError(expected_got("x_val", "a torch.Tensor", type(x_val).__name__))
+        grid = torch.logspace(-2.0, 2.0, 41) if grid is None else torch.as_tensor(grid)
+        if not bool((grid > 0).all()):
+            raise InputDataError(
+                expected_got("calibrate_temperature.grid", "positive temperatures", grid.tolist())
+            )
+        self.eval()
+        likelihood.eval()
+        with torch.no_grad():
+            cache = self._predictive_cache(likelihood, x_val)
+            f = lambda lt: self._tempered_nll(cache, y_val, math.exp(lt))  # noqa: E731
+            scores = [f(math.log(float(t))) for t in grid]
+            i = int(torch.tensor(scores).argmin())
+            lo = math.log(float(grid[max(i - 1, 0)]))
+            hi = math.log(float(grid[min(i + 1, len(grid) - 1)]))
+            g = (math.sqrt(5) - 1) / 2
+            for _ in range(30):
+                a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+                if f(a) < f(b):
+                    hi = b
+                else:
+                    lo = a
+            t = math.exp((lo + hi) / 2)
+            if f(math.log(t)) > scores[i]:
+                t = float(grid[i])
+        self.temperature.fill_(t)
+        return t
+
+    def _check_fitted(self) -> None:
+        if not self.variational_strategy.variational_params_initialized.item():
+            raise NotFittedError(
+                f"{type(self).__name__}: call fit() (or initialise) before predicting."
+            )
