@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.operators._secular import diag_rank_one_eigh
+from gpext.operators._secular import rank_one_basis_update
 from gpext.utils import as_float_tensor, check_finite
 
 __all__ = ["rank_one_eigh_update"]
@@ -102,7 +102,9 @@ def rank_one_eigh_update(
             )
         ) from err
     for t, name in ((d, "eigenvalues"), (u, "eigenvectors"), (v, "v"), (sig, "sigma")):
-        check_finite(t, f"rank_one_eigh_update.{name}")
+        # One cheap reduction first; the entry-wise check only when it is not finite.
+        if not bool(torch.isfinite(t.sum())):
+            check_finite(t, f"rank_one_eigh_update.{name}")
 
     d = d.expand(*batch, n)
     u = u.expand(*batch, n, n)
@@ -110,9 +112,18 @@ def rank_one_eigh_update(
     sig = sig.expand(batch)
     z = (u.mT @ v.unsqueeze(-1)).squeeze(-1)
     num = int(torch.Size(batch).numel())
-    lam, q = diag_rank_one_eigh(
-        d.reshape(num, n).detach(), z.reshape(num, n).detach(), sig.reshape(num).detach()
-    )
-    lam = lam.reshape(*batch, n)
-    q = q.reshape(*batch, n, n)
-    return lam, u @ q
+    if num == 1:
+        lam, out = rank_one_basis_update(
+            d.reshape(n).detach(), u.reshape(n, n).detach(), z.reshape(n).detach(), float(sig)
+        )
+        return lam.reshape(*batch, n), out.reshape(*batch, n, n)
+    d, u, z, sig = d.reshape(num, n), u.reshape(num, n, n), z.reshape(num, n), sig.reshape(num)
+    sig_h = sig.detach().cpu().tolist()
+    lam = torch.empty(num, n, dtype=dtype, device=u.device)
+    out = torch.empty(num, n, n, dtype=dtype, device=u.device)
+    # Each batch member is one vectorised problem (deflation differs between members).
+    for b in range(num):
+        lam[b], out[b] = rank_one_basis_update(
+            d[b].detach(), u[b].detach(), z[b].detach(), sig_h[b]
+        )
+    return lam.reshape(*batch, n), out.reshape(*batch, n, n)

@@ -206,3 +206,25 @@ class TestIncrementalKPCA:
             IncrementalKPCA(lambda a, b: a @ b.T)
         with pytest.raises(InputDataError, match="on_degenerate"):
             IncrementalKPCA(_rbf(), on_degenerate="skip")
+
+
+class TestNystromOrthogonalized:
+    seed = 4
+
+    def test_exact_eigenpairs_of_nystrom_matrix(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        x = torch.randn(120, 3, generator=gen, dtype=D64)
+        kernel = _rbf(1.0)
+        kpca = IncrementalKPCA(kernel).update(x[:30])
+        lam, u = kpca.nystrom(x, method="orthogonalized")
+        with torch.no_grad():
+            knm = kernel(x, x[:30]).to_dense()
+        approx = knm @ torch.linalg.pinv(_kmat(kernel, x[:30], False), hermitian=True) @ knm.T
+        ref = torch.linalg.eigvalsh(approx).flip(0)[: lam.shape[0]]
+        torch.testing.assert_close(lam, ref, rtol=1e-8, atol=1e-10 * float(ref[0]))
+        r = lam.shape[0]
+        torch.testing.assert_close(u.T @ u, torch.eye(r, dtype=D64), rtol=0, atol=1e-8)
+        top = kpca.nystrom(x, num_components=3, method="orthogonalized")[0]
+        torch.testing.assert_close(top, lam[:3])
+        with pytest.raises(InputDataError, match="orthogonalized"):
+            kpca.nystrom(x, method="svd")
