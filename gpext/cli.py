@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset", "--datasets", dest="datasets", nargs="+", default=None, metavar="NAME",
         help="dataset names or folder paths (default: scikit-learn's bundled sets)",
     )  # fmt: skip
-    bench.add_argument("--methods", nargs="+", default=None, metavar="NAME")
+    bench.add_argument(
+        "--methods", nargs="+", default=None, metavar="NAME",
+        help="method names, or 'all' (default: the methods marked default in --list)",
+    )  # fmt: skip
     bench.add_argument("--splits", type=int, default=None, help="number of splits per dataset")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--dtype", choices=("float32", "float64"), default="float64")
@@ -73,7 +76,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.list:
         for m in list_methods():
-            print(f"{m.name:28s} {m.task:15s} {m.description}")
+            mark = "*" if m.default else " "
+            print(f"{mark} {m.name:28s} {m.task:15s} {m.description}")
+        print("* runs by default; name others with --methods (or --methods all)")
         return 0
     if args.threads < 1:
         from gpext.errors import InputDataError

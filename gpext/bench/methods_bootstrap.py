@@ -169,6 +169,7 @@ def _vboot_rff_regression(split: DatasetSplit, config: BenchConfig) -> Predictio
     "vboot_mlp_dirichlet",
     task="classification",
     description="Variational bootstrap, vectorised NTK MLP ensemble, Dirichlet transform (001)",
+    default=False,
 )
 def _vboot_mlp_classification(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """VBootMLP classifier with the default budget."""
@@ -179,6 +180,7 @@ def _vboot_mlp_classification(split: DatasetSplit, config: BenchConfig) -> Predi
     "vboot_mlp",
     task="regression",
     description="Variational bootstrap, vectorised NTK MLP ensemble, Gaussian likelihood (001)",
+    default=False,
 )
 def _vboot_mlp_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """VBootMLP regressor with the default budget."""

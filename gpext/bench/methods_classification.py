@@ -135,6 +135,7 @@ class _GPyTorchDirichletModel(gpytorch.models.ExactGP):
     "gpytorch_dirichlet_exact",
     task="classification",
     description="GPyTorch DirichletClassificationLikelihood exact GP recipe (Adam 0.1, 50 steps)",
+    default=False,
 )
 def fit_gpytorch_dirichlet(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """GPyTorch's exact Dirichlet recipe; at most 3000 training points."""

@@ -238,13 +238,18 @@ def _ign_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return fit_predict_ign(split, config)
 
 
-@register_method("dkl_svgp", task="regression", description="GPyTorch deep-kernel SVGP, MLP")
+@register_method(
+    "dkl_svgp", task="regression", description="GPyTorch deep-kernel SVGP, MLP", default=False
+)
 def _dkl_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return fit_predict_dkl_svgp(split, config)
 
 
 @register_method(
-    "ign_ova", task="classification", description="IGN, one-vs-all probit heads, Laplace (002)"
+    "ign_ova",
+    task="classification",
+    description="IGN, one-vs-all probit heads, Laplace (002)",
+    default=False,
 )
 def _ign_ova(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return fit_predict_ign(split, config, task="one_vs_all")
@@ -258,14 +263,20 @@ def _ign_dirichlet(split: DatasetSplit, config: BenchConfig) -> Prediction:
 
 
 @register_method(
-    "dkl_svgp_softmax", task="classification", description="GPyTorch deep-kernel SVGP, softmax"
+    "dkl_svgp_softmax",
+    task="classification",
+    description="GPyTorch deep-kernel SVGP, softmax",
+    default=False,
 )
 def _dkl_softmax(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return fit_predict_dkl_svgp(split, config)
 
 
 @register_method(
-    "nn_classifier", task="classification", description="The embedding network + softmax layer"
+    "nn_classifier",
+    task="classification",
+    description="The embedding network + softmax layer",
+    default=False,
 )
 def _nn_classifier(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return fit_predict_nn_classifier(split, config)

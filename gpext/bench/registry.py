@@ -135,6 +135,7 @@ class BenchMethod:
     fit_predict: Callable[..., Prediction]
     description: str = ""
     module: str = ""
+    default: bool = True
 
 
 _REGISTRY: dict[str, BenchMethod] = {}
@@ -142,7 +143,7 @@ _LOADED = False
 
 
 def register_method(
-    name: str, task: str, description: str = ""
+    name: str, task: str, description: str = "", *, default: bool = True
 ) -> Callable[[Callable[..., Prediction]], Callable[..., Prediction]]:
     """Decorator registering ``fit_predict(split, config) -> Prediction`` under ``name``.
 
@@ -150,6 +151,9 @@ def register_method(
         name: Unique method name used on the command line.
         task: ``"regression"`` or ``"classification"``.
         description: One line shown by ``gpext bench --list``.
+        default: Whether ``gpext bench`` runs the method when no ``--methods`` are named.
+            Reference recipes and ablations register with ``default=False``; they still run
+            when named or with ``--methods all``.
 
     Raises:
         InputDataError: If the task is unknown or the name is already registered elsewhere.
@@ -164,7 +168,7 @@ def register_method(
                 f"register_method: the name {name!r} is already registered by "
                 f"{existing.module}; choose another name."
             )
-        _REGISTRY[name] = BenchMethod(name, task, fn, description, fn.__module__)
+        _REGISTRY[name] = BenchMethod(name, task, fn, description, fn.__module__, default)
         return fn
 
     return decorator
@@ -179,10 +183,14 @@ def _load_builtins() -> None:
     _LOADED = True
 
 
-def list_methods(task: str | None = None) -> list[BenchMethod]:
-    """All registered methods (optionally of one task), in registration order."""
+def list_methods(task: str | None = None, *, default_only: bool = False) -> list[BenchMethod]:
+    """Registered methods (optionally of one task, optionally only defaults), in order."""
     _load_builtins()
-    return [m for m in _REGISTRY.values() if task is None or m.task == task]
+    return [
+        m
+        for m in _REGISTRY.values()
+        if (task is None or m.task == task) and (m.default or not default_only)
+    ]
 
 
 def get_method(name: str) -> BenchMethod:

@@ -83,6 +83,8 @@ class BenchRun:
 
 def _resolve_methods(methods: Sequence[str] | None, task: str) -> list[BenchMethod]:
     if not methods:
+        return list_methods(task, default_only=True)
+    if list(methods) == ["all"]:
         return list_methods(task)
     chosen = [get_method(m) for m in methods]
     return [m for m in chosen if m.task == task]
@@ -102,8 +104,9 @@ def run_benchmark(
 
     Args:
         datasets: Dataset names or folder paths (default :data:`DEFAULT_DATASETS`).
-        methods: Method names (default: every registered method of the dataset's task).
-            Methods of the other task are skipped for a dataset.
+        methods: Method names; default: the registered methods of the dataset's task marked
+            ``default``; ``["all"]``: every registered method. Methods of the other task are
+            skipped for a dataset.
         config: Shared :class:`BenchConfig`.
         data_dir: Data folder (argument, then ``$GPEXT_DATA_DIR``).
         splits: Split indices, or a count (the first ``k`` splits). Default: 1 split in quick
@@ -116,7 +119,7 @@ def run_benchmark(
     """
     config = config or BenchConfig()
     datasets = list(datasets or DEFAULT_DATASETS)
-    if methods:
+    if methods and list(methods) != ["all"]:
         for m in methods:
             get_method(m)  # fail early on unknown names
     run = BenchRun()

@@ -83,3 +83,14 @@ def test_write_results_layout(tmp_path):
 def test_markdown_table_formats_small_and_large_numbers():
     table = format_markdown_table([{"x": 1e-5, "y": 123456.0, "z": "s"}])
     assert "1.000e-05" in table and "1.235e+05" in table and "| s |" in table
+
+
+def test_default_flag_selects_what_runs_without_methods():
+    from gpext.bench.runner import _resolve_methods
+
+    defaults = {m.name for m in _resolve_methods(None, "classification")}
+    everything = {m.name for m in _resolve_methods(["all"], "classification")}
+    assert "gpytorch_svgp_softmax" in defaults
+    assert "gpytorch_dirichlet_exact" in everything - defaults  # reference recipe: opt-in
+    assert defaults < everything
+    assert {m.name for m in list_methods("classification", default_only=True)} == defaults
