@@ -22,9 +22,20 @@ _CHUNK_ELEMENTS = 2**23
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """``log(1 - exp(x))`` for ``x <= 0``, accurate near 0 and for very negative ``x``."""
-    x = x.clamp_max(0.0)
-    return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    """``log(1 - exp(x))`` for ``x <= 0``, accurate near 0 and for very negative ``x``.
+
+    ``x`` is clamped above at ``-tiny`` (the dtype's smallest normal number), so ``x = 0`` (a
+    probability of exactly 1) gives ``log(tiny)`` (about -708 in float64, -87 in float32) rather
+    than ``-inf``.  Without the clamp both ``torch.where`` branches carry an infinite derivative
+    at 0 and backpropagation turns ``inf * 0`` into NaN; the clamp passes zero gradient there.
+    """
+    tiny = torch.finfo(x.dtype).tiny
+    x = x.clamp_max(-tiny)
+    near_zero = x > -math.log(2.0)
+    # evaluate each branch only on inputs where it is finite (double-where for clean gradients)
+    x_near = torch.where(near_zero, x, -1.0)
+    x_far = torch.where(near_zero, -1.0, x)
+    return torch.where(near_zero, torch.log(-torch.expm1(x_near)), torch.log1p(-torch.exp(x_far)))
 
 
 class RobustMaxLikelihood(Likelihood):
