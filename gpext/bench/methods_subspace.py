@@ -182,7 +182,10 @@ def _single(
 
 
 @register_method(
-    "subspace_sgd", task="regression", description="Heteroscedastic MLP, final SGD weights"
+    "subspace_sgd",
+    task="regression",
+    description="Heteroscedastic MLP, final SGD weights",
+    default=False,
 )
 def fit_predict_sgd(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """The final SGD iterate of the shared run."""
@@ -191,7 +194,9 @@ def fit_predict_sgd(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return _single(run, run.trajectory.flat.flatten(), split, config, t0)
 
 
-@register_method("subspace_swa", task="regression", description="Heteroscedastic MLP, SWA mean")
+@register_method(
+    "subspace_swa", task="regression", description="Heteroscedastic MLP, SWA mean", default=False
+)
 def fit_predict_swa(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """The SWA mean of the shared run."""
     t0 = time.perf_counter()
@@ -218,6 +223,7 @@ def fit_predict_swag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     "fa_swag",
     task="regression",
     description="Online-EM factor analysis of SGD iterates (004), 30 samples",
+    default=False,
 )
 def fit_predict_fa_swag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """Samples from the online factor-analysis Gaussian over weights."""
@@ -290,7 +296,12 @@ def fit_predict_pca_ess(split: DatasetSplit, config: BenchConfig) -> Prediction:
     return _subspace_method(split, config, "pca", "ess")
 
 
-@register_method("pca_vi", task="regression", description="PCA subspace (rank 20) + mean-field VI")
+@register_method(
+    "pca_vi",
+    task="regression",
+    description="PCA subspace (rank 20) + mean-field VI",
+    default=False,
+)
 def fit_predict_pca_vi(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """PCA subspace + VI."""
     return _subspace_method(split, config, "pca", "vi")
@@ -310,6 +321,7 @@ def fit_predict_inkpca_ess(split: DatasetSplit, config: BenchConfig) -> Predicti
     "inkpca_vi",
     task="regression",
     description="Incremental RBF-kernel PCA subspace (rank 20) + mean-field VI",
+    default=False,
 )
 def fit_predict_inkpca_vi(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """InKPCA subspace + VI."""

@@ -40,6 +40,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext.bench.methods_bootstrap",
     "gpext.bench.methods_classification",
     "gpext.bench.methods_gwi",
+    "gpext.bench.methods_subspace",
 ]
 
 TASKS = ("regression", "classification")

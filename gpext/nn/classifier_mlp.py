@@ -48,7 +48,11 @@ class ClassifierMLP(nn.Module):
         self.in_features = check_positive_int(in_features, "ClassifierMLP.in_features")
         self.num_classes = check_positive_int(num_classes, "ClassifierMLP.num_classes", minimum=2)
         if activation not in _ACTIVATIONS:
-            raise InputDataError(expected_got("ClassifierMLP.activation", f"one of {sorted(_ACTIVATIONS)}", repr(activation)))
+            raise InputDataError(
+                expected_got(
+                    "ClassifierMLP.activation", f"one of {sorted(_ACTIVATIONS)}", repr(activation)
+                )
+            )
         layers: list[nn.Module] = []
         width = self.in_features
         for h in hidden_features:
@@ -64,7 +68,11 @@ class ClassifierMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits. ``(N, D) -> (N, C)``."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
-            raise ShapeError(expected_got("ClassifierMLP.forward(x)", f"shape (N, {self.in_features})", tuple(x.shape)))
+            raise ShapeError(
+                expected_got(
+                    "ClassifierMLP.forward(x)", f"shape (N, {self.in_features})", tuple(x.shape)
+                )
+            )
         return self.net(x)
 
     def predict_proba(self, x: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,9 @@ class HeteroscedasticMLP(nn.Module):
     ) -> None:
         super().__init__()
         if not min_variance >= 0:
-            raise InputDataError(expected_got("HeteroscedasticMLP.min_variance", "a number >= 0", min_variance))
+            raise InputDataError(
+                expected_got("HeteroscedasticMLP.min_variance", "a number >= 0", min_variance)
+            )
         self.body = MLP(in_features, hidden_features, 2, activation=activation)
         self.min_variance = float(min_variance)
 
@@ -60,5 +62,11 @@ class HeteroscedasticMLP(nn.Module):
     def mean_variance(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictive mean and variance from the raw output. ``(..., 2) -> (...), (...)``."""
         if output.shape[-1] != 2:
-            raise ShapeError(expected_got("HeteroscedasticMLP.mean_variance(output)", "shape (..., 2)", tuple(output.shape)))
+            raise ShapeError(
+                expected_got(
+                    "HeteroscedasticMLP.mean_variance(output)",
+                    "shape (..., 2)",
+                    tuple(output.shape),
+                )
+            )
         return output[..., 0], F.softplus(output[..., 1]) + self.min_variance

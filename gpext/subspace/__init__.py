@@ -1,3 +1,54 @@
-"""gpext.subspace."""
+"""Bayesian deep learning over weight subspaces.
 
-__all__: list[str] = []
+* :class:`TrajectoryCollector`, :func:`train_sgd_trajectory`: SWA moments and deviations of an
+  SGD trajectory; :class:`FlatParameters`: functional evaluation at flat weights (``torch.func``);
+  :func:`refresh_batch_norm`.
+* Subspaces: :class:`PCASubspace` (:func:`randomized_svd`), :class:`InKPCASubspace`
+  (incremental kernel PCA, 000).
+* Weight posteriors: :class:`SWAG`, :class:`MultiSWAG`, :class:`OnlineFactorAnalysis` (004).
+* Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
+  :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers.
+"""
+
+from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
+from gpext.subspace.bayesian_model_averaging import (
+    classification_average,
+    predict_weight_samples,
+    regression_mixture_log_likelihood,
+    regression_mixture_moments,
+)
+from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
+from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.inkpca_subspace import InKPCASubspace
+from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
+from gpext.subspace.multi_swag import MultiSWAG
+from gpext.subspace.online_factor_analysis import OnlineFactorAnalysis
+from gpext.subspace.output_likelihood import OutputLikelihood
+from gpext.subspace.pca_subspace import PCASubspace
+from gpext.subspace.randomized_svd import randomized_svd
+from gpext.subspace.sgd_trajectory import train_sgd_trajectory
+from gpext.subspace.subspace_model import SubspaceModel
+from gpext.subspace.swag import SWAG
+from gpext.subspace.trajectory_collector import TrajectoryCollector
+
+__all__ = [
+    "EllipticalSliceSampler",
+    "FlatParameters",
+    "InKPCASubspace",
+    "MeanFieldGaussian",
+    "MultiSWAG",
+    "OnlineFactorAnalysis",
+    "OutputLikelihood",
+    "PCASubspace",
+    "SWAG",
+    "SubspaceModel",
+    "TrajectoryCollector",
+    "classification_average",
+    "has_batch_norm",
+    "predict_weight_samples",
+    "randomized_svd",
+    "refresh_batch_norm",
+    "regression_mixture_log_likelihood",
+    "regression_mixture_moments",
+    "train_sgd_trajectory",
+]

@@ -1,0 +1,153 @@
+"""Bayesian model averaging over sampled weights: mixture moments, mixture likelihood, probabilities."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from gpext.errors import ShapeError, expected_got
+from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
+from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.output_likelihood import OutputLikelihood
+
+__all__ = [
+    "classification_average",
+    "predict_weight_samples",
+    "regression_mixture_log_likelihood",
+    "regression_mixture_moments",
+]
+
+
+def regression_mixture_moments(
+    means: torch.Tensor, variances: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Moments of the equally weighted Gaussian mixture :math:`\frac1S\sum_s \mathcal{N}(\mu_s, \sigma^2_s)`.
+
+    .. math::
+
+        \mu = \frac1S \sum_s \mu_s, \qquad
+        \sigma^2 = \frac1S \sum_s (\sigma^2_s + \mu_s^2) - \mu^2 .
+
+    Args:
+        means: Per-sample predictive means. # shape: (S, N)
+        variances: Per-sample predictive variances. # shape: (S, N)
+
+    Returns:
+        ``(mean, variance)``. # shapes: (N,), (N,)
+    """
+    _check_pair(means, variances)
+    mean = means.mean(0)
+    var = (variances + (means - mean) ** 2).mean(0)
+    return mean, var
+
+
+def regression_mixture_log_likelihood(
+    means: torch.Tensor, variances: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    r"""Per-point log density of the targets under the mixture.
+
+    .. math::
+
+        \log p(y_n) = \operatorname{logsumexp}_s \log\mathcal{N}(y_n; \mu_{s,n}, \sigma^2_{s,n}) - \log S
+
+    Args:
+        means: # shape: (S, N)
+        variances: # shape: (S, N)
+        target: # shape: (N,)
+
+    Returns:
+        Log densities. # shape: (N,)
+    """
+    _check_pair(means, variances)
+    if target.shape != means.shape[-1:]:
+        raise ShapeError(
+            expected_got(
+                "regression_mixture_log_likelihood(target)",
+                f"shape ({means.shape[-1]},)",
+                tuple(target.shape),
+            )
+        )
+    lp = -0.5 * (math.log(2 * math.pi) + variances.log() + (target - means) ** 2 / variances)
+    return torch.logsumexp(lp, 0) - math.log(means.shape[0])
+
+
+def classification_average(probs: torch.Tensor) -> torch.Tensor:
+    """Average class probabilities over samples. ``(S, N, C) -> (N, C)``."""
+    if probs.dim() != 3:
+        raise ShapeError(
+            expected_got("classification_average(probs)", "shape (S, N, C)", tuple(probs.shape))
+        )
+    return probs.mean(0)
+
+
+def predict_weight_samples(
+    module: nn.Module,
+    weights: torch.Tensor,
+    x: torch.Tensor,
+    likelihood: OutputLikelihood,
+    *,
+    bn_inputs: torch.Tensor | None = None,
+    batch_size: int = 4096,
+) -> dict[str, torch.Tensor]:
+    """Predict with every sampled weight vector.
+
+    For a network with batch norm, pass the training inputs as ``bn_inputs``: the statistics
+    are recomputed for each sample (on a copy of the module) before predicting.
+
+    Args:
+        module: The network (evaluated in eval mode).
+        weights: Sampled flat weights. # shape: (S, D)
+        x: Test inputs. # shape: (N, ...)
+        likelihood: How to read the outputs.
+        bn_inputs: Inputs for refreshing batch-norm statistics.
+        batch_size: Test points per forward pass.
+
+    Returns:
+        Regression: ``{"means": (S, N), "variances": (S, N)}``; classification:
+        ``{"probs": (S, N, C)}``.
+    """
+    flat = FlatParameters(module)
+    if weights.dim() != 2 or weights.shape[-1] != flat.num_parameters:
+        raise ShapeError(
+            expected_got(
+                "predict_weight_samples(weights)",
+                f"shape (S, {flat.num_parameters})",
+                tuple(weights.shape),
+            )
+        )
+    refresh = bn_inputs is not None and has_batch_norm(module)
+    work = copy.deepcopy(module) if refresh else module
+    was_training = work.training
+    outs = []
+    with torch.no_grad():
+        for w in weights:
+            if refresh:
+                flat.assign(w, work)
+                refresh_batch_norm(work, bn_inputs)
+            work.eval()
+            w_flat = FlatParameters(work)
+            chunks = [
+                w_flat.functional_call(w, x[i : i + batch_size])
+                for i in range(0, x.shape[0], batch_size)
+            ]
+            outs.append(torch.cat(chunks))
+    work.train(was_training)
+    out = torch.stack(outs)
+    if likelihood.is_regression:
+        means, variances = likelihood.mean_variance(out)
+        return {"means": means, "variances": variances}
+    return {"probs": likelihood.predictive_probs(out)}
+
+
+def _check_pair(means: torch.Tensor, variances: torch.Tensor) -> None:
+    if means.dim() != 2 or variances.shape != means.shape:
+        raise ShapeError(
+            expected_got(
+                "mixture (means, variances)",
+                "two (S, N) tensors",
+                (tuple(means.shape), tuple(variances.shape)),
+            )
+        )

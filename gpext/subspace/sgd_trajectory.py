@@ -1,0 +1,137 @@
+"""Train a network with SGD and collect its SWA trajectory (000 Algorithm 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
+from gpext.subspace.output_likelihood import OutputLikelihood
+from gpext.subspace.trajectory_collector import TrajectoryCollector
+from gpext.utils import check_positive_int, progress_bar
+
+__all__ = ["train_sgd_trajectory"]
+
+
+def train_sgd_trajectory(
+    module: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    likelihood: OutputLikelihood,
+    *,
+    epochs: int,
+    swa_start: int,
+    lr: float = 1e-2,
+    swa_lr: float | None = None,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    batch_size: int | None = None,
+    collect_every: int | None = None,
+    max_deviations: int = 20,
+    observers: Sequence[Callable[[torch.Tensor, torch.Tensor], object]] = (),
+    step_observers: Sequence[Callable[[torch.Tensor], object]] = (),
+    generator: torch.Generator | None = None,
+    show_progress: bool | None = None,
+) -> TrajectoryCollector:
+    r"""SGD on the negative mean log-likelihood, then constant-rate SWA collection.
+
+    Epochs ``0 .. swa_start - 1`` use learning rate ``lr`` (cosine-decayed towards ``swa_lr``);
+    from epoch ``swa_start`` on the rate is ``swa_lr`` and the weights are collected every
+    ``collect_every`` optimiser steps (default: once per epoch) into a
+    :class:`TrajectoryCollector`. Each observer is called as ``observer(weights, deviation)`` at
+    every collection, which is how :class:`InKPCASubspace` and :class:`OnlineFactorAnalysis`
+    are updated in arrival order.
+
+    .. math::
+
+        \mathcal{L}(w) = -\frac1N \sum_n \log p(y_n \mid f_w(x_n)) + \frac{\lambda}{2}\|w\|^2
+
+    Args:
+        module: The network (trained in place).
+        x: Training inputs. # shape: (N, ...)
+        y: Training targets. # shape: (N,)
+        likelihood: Output likelihood.
+        epochs: Total epochs.
+        swa_start: First collecting epoch (``< epochs``).
+        lr: Initial learning rate.
+        swa_lr: Constant rate of the collection phase (default ``lr / 2``).
+        momentum: SGD momentum.
+        weight_decay: :math:`\lambda`.
+        batch_size: Mini-batch size (default ``ceil(N / 10)``, the drbayes UCI choice).
+        collect_every: Collection period in optimiser steps (default: steps per epoch).
+        max_deviations: Deviation buffer size ``K``.
+        observers: Callables notified at each collection.
+        step_observers: Callables called as ``observer(weights)`` after every optimiser step of
+            the collection phase (e.g. :meth:`OnlineFactorAnalysis.update`, which wants many
+            iterates).
+        generator: Random generator of the mini-batch order.
+        show_progress: Progress bar over epochs.
+
+    Returns:
+        The :class:`TrajectoryCollector`.
+
+    Raises:
+        InputDataError: If ``swa_start >= epochs``.
+        NumericalError: If the loss becomes non-finite.
+    """
+    epochs = check_positive_int(epochs, "train_sgd_trajectory.epochs")
+    swa_start = check_positive_int(swa_start, "train_sgd_trajectory.swa_start", minimum=0)
+    if swa_start >= epochs:
+        raise InputDataError(
+            expected_got("train_sgd_trajectory.swa_start", f"< epochs={epochs}", swa_start)
+        )
+    n = x.shape[0]
+    if y.shape[0] != n or n == 0:
+        raise ShapeError(
+            expected_got(
+                "train_sgd_trajectory(x, y)",
+                "equal, non-zero numbers of rows",
+                (tuple(x.shape), tuple(y.shape)),
+            )
+        )
+    bs = -(-n // 10) if batch_size is None else min(check_positive_int(batch_size, "batch_size"), n)
+    steps_per_epoch = -(-n // bs)
+    every = (
+        steps_per_epoch
+        if collect_every is None
+        else check_positive_int(collect_every, "collect_every")
+    )
+    swa_lr = lr / 2 if swa_lr is None else swa_lr
+    collector = TrajectoryCollector(module, max_deviations=max_deviations, collect_every=every)
+    opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    module.train()
+    for epoch in progress_bar(range(epochs), desc="SGD/SWA", show=show_progress):
+        if epoch < swa_start:
+            frac = epoch / max(swa_start, 1)
+            rate = swa_lr + 0.5 * (lr - swa_lr) * (
+                1 + torch.cos(torch.tensor(frac * torch.pi)).item()
+            )
+        else:
+            rate = swa_lr
+        for group in opt.param_groups:
+            group["lr"] = rate
+        perm = torch.randperm(n, generator=generator).to(x.device)
+        for start in range(0, n, bs):
+            idx = perm[start : start + bs]
+            loss = -likelihood.log_prob(module(x[idx]), y[idx]).mean()
+            if not torch.isfinite(loss):
+                raise NumericalError(
+                    f"train_sgd_trajectory: non-finite loss at epoch {epoch}; lower lr or check the data."
+                )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if epoch >= swa_start:
+                if step_observers:
+                    w_step = collector.flat.flatten()
+                    for obs in step_observers:
+                        obs(w_step)
+                dev = collector.step()
+                if dev is not None:
+                    w = collector.flat.flatten()
+                    for obs in observers:
+                        obs(w, dev)
+    module.eval()
+    return collector

@@ -1,0 +1,149 @@
+"""SWA-Gaussian: diagonal plus low-rank Gaussian over weights (Maddox et al. 2019)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
+from gpext.subspace.trajectory_collector import TrajectoryCollector
+from gpext.utils import check_finite, check_positive_int
+
+__all__ = ["SWAG"]
+
+
+class SWAG(nn.Module):
+    r"""The SWAG posterior :math:`\mathcal{N}(\bar w, \tfrac{1}{2}(\Sigma_{\text{diag}} + \Sigma_{\text{low-rank}}))`.
+
+    From the SWA mean :math:`\bar w`, the second moment :math:`\overline{w^2}` and the ``K``
+    deviations :math:`\hat D` actually collected (rows),
+
+    .. math::
+
+        \Sigma_{\text{diag}} = \operatorname{diag}(\overline{w^2} - \bar w^2), \qquad
+        \Sigma_{\text{low-rank}} = \frac{\hat D^\top \hat D}{K - 1}, \qquad
+        w = \bar w + \sqrt{\text{scale}}\Big(\Sigma_{\text{diag}}^{1/2} z_1
+            + \frac{\hat D^\top z_2}{\sqrt{K - 1}}\Big),
+
+    :math:`z_1 \sim \mathcal{N}(0, I_D)`, :math:`z_2 \sim \mathcal{N}(0, I_K)`, so the sample
+    covariance is ``scale`` times :math:`\Sigma_{\text{diag}} + \Sigma_{\text{low-rank}}`
+    (:meth:`covariance`). ``scale = 0.5`` is the usual choice. ``K - 1`` counts the deviations
+    really collected, not the buffer size.
+
+    Args:
+        mean: SWA mean. # shape: (D,)
+        sq_mean: Running mean of squared weights. # shape: (D,)
+        deviations: Deviations, one per row (``K >= 2``). # shape: (K, D)
+        diagonal: Include :math:`\Sigma_{\text{diag}}` (``False``: low-rank only).
+
+    Raises:
+        ShapeError: On inconsistent shapes.
+        InputDataError: With fewer than two deviations or non-finite inputs.
+
+    Example:
+        >>> traj = TrajectoryCollector(torch.nn.Linear(3, 1), max_deviations=5)
+        >>> for _ in range(4):
+        ...     _ = traj.collect(torch.randn(4))
+        >>> SWAG.from_trajectory(traj).sample(2).shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(
+        self,
+        mean: torch.Tensor,
+        sq_mean: torch.Tensor,
+        deviations: torch.Tensor,
+        *,
+        diagonal: bool = True,
+    ) -> None:
+        super().__init__()
+        if mean.dim() != 1 or sq_mean.shape != mean.shape:
+            raise ShapeError(
+                expected_got(
+                    "SWAG(mean, sq_mean)",
+                    "two vectors of equal length",
+                    (tuple(mean.shape), tuple(sq_mean.shape)),
+                )
+            )
+        if deviations.dim() != 2 or deviations.shape[-1] != mean.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    "SWAG(deviations)", f"shape (K, {mean.shape[0]})", tuple(deviations.shape)
+                )
+            )
+        if deviations.shape[0] < 2:
+            raise InputDataError(
+                expected_got(
+                    "SWAG(deviations)",
+                    "at least 2 collected deviations",
+                    deviations.shape[0],
+                    "Collect more weights before building SWAG.",
+                )
+            )
+        for name, t in (("mean", mean), ("sq_mean", sq_mean), ("deviations", deviations)):
+            check_finite(t, f"SWAG({name})")
+        self.diagonal = bool(diagonal)
+        self.register_buffer("mean", mean.detach().clone())
+        self.register_buffer("variance", (sq_mean - mean**2).detach().clamp_min(0.0))
+        self.register_buffer("deviations", deviations.detach().clone())
+
+    @classmethod
+    def from_trajectory(cls, trajectory: TrajectoryCollector, *, diagonal: bool = True) -> SWAG:
+        """Build from a :class:`~gpext.subspace.TrajectoryCollector`.
+
+        Raises:
+            NotFittedError: If nothing was collected.
+            InputDataError: If fewer than two deviations were collected.
+        """
+        if trajectory.num_collected == 0:
+            raise NotFittedError(
+                "SWAG.from_trajectory: the trajectory is empty; collect weights first."
+            )
+        return cls(trajectory.mean, trajectory.sq_mean, trajectory.deviations(), diagonal=diagonal)
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of weights ``D``."""
+        return int(self.mean.shape[0])
+
+    @property
+    def rank(self) -> int:
+        """Number of deviations ``K``."""
+        return int(self.deviations.shape[0])
+
+    def sample(
+        self,
+        num_samples: int,
+        *,
+        scale: float = 0.5,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Draw weight vectors.
+
+        Args:
+            num_samples: Number of draws ``S``.
+            scale: Covariance scale.
+            generator: Random generator.
+
+        Returns:
+            Samples. # shape: (S, D)
+        """
+        num_samples = check_positive_int(num_samples, "SWAG.sample.num_samples")
+        if not scale >= 0:
+            raise InputDataError(expected_got("SWAG.sample.scale", "a number >= 0", scale))
+        kw = {"dtype": self.mean.dtype, "generator": generator}
+        z2 = torch.randn(num_samples, self.rank, **kw).to(self.mean.device)
+        out = z2 @ self.deviations / math.sqrt(self.rank - 1)
+        if self.diagonal:
+            z1 = torch.randn(num_samples, self.num_parameters, **kw).to(self.mean.device)
+            out = out + z1 * self.variance.sqrt()
+        return self.mean + math.sqrt(scale) * out
+
+    def covariance(self, *, scale: float = 0.5) -> torch.Tensor:
+        """Dense covariance of :meth:`sample` (small ``D`` only). # shape: (D, D)"""
+        cov = self.deviations.mT @ self.deviations / (self.rank - 1)
+        if self.diagonal:
+            cov = cov + torch.diag(self.variance)
+        return scale * cov

@@ -1,0 +1,192 @@
+"""ESS and mean-field VI on a linear-Gaussian model with a closed-form posterior."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from gpext.errors import InputDataError, NotFittedError, NumericalError, ShapeError
+from gpext.subspace import (
+    EllipticalSliceSampler,
+    MeanFieldGaussian,
+    OutputLikelihood,
+    SubspaceModel,
+    classification_average,
+    regression_mixture_log_likelihood,
+    regression_mixture_moments,
+)
+
+NOISE_VAR, PRIOR_STD, TEMP = 0.25, 1.5, 2.0
+
+
+def _linear_problem(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    net = nn.Linear(5, 1, bias=False).to(dtype)
+    center = torch.randn(5, generator=g, dtype=dtype)
+    proj = torch.randn(3, 5, generator=g, dtype=dtype)
+    x = torch.randn(40, 5, generator=g, dtype=dtype)
+    theta_true = torch.randn(3, generator=g, dtype=dtype)
+    y = x @ (center + proj.T @ theta_true) + math.sqrt(NOISE_VAR) * torch.randn(
+        40, generator=g, dtype=dtype
+    )
+    model = SubspaceModel(
+        net,
+        center,
+        proj,
+        OutputLikelihood("gaussian", noise_variance=NOISE_VAR),
+        prior_std=PRIOR_STD,
+        temperature=TEMP,
+    )
+    a = x @ proj.T  # shape: (N, r)
+    prec = torch.eye(3, dtype=dtype) / PRIOR_STD**2 + a.T @ a / (NOISE_VAR * TEMP)
+    cov = torch.linalg.inv(prec)
+    mean = cov @ a.T @ (y - x @ center) / (NOISE_VAR * TEMP)
+    return model, x, y, mean, cov, prec
+
+
+class TestEllipticalSliceSampler:
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_matches_closed_form_posterior(self, dtype):
+        model, x, y, mean, cov, _ = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(1)
+        s = model.sample_ess(x, y, 3000, burn_in=100, generator=g).double()
+        sd = cov.diagonal().sqrt().double()
+        # 3000 correlated draws: effective size >= 500, so 5 standard errors is < 0.25 sd
+        assert ((s.mean(0) - mean.double()).abs() / sd).max() < 0.25
+        emp_cov = torch.cov(s.T)
+        rel = (emp_cov - cov.double()).norm() / cov.double().norm()
+        assert rel < 0.2
+
+    def test_prior_only_gives_prior_moments(self):
+        ess = EllipticalSliceSampler(
+            lambda t: torch.zeros(()), 2, prior_std=2.0, generator=torch.Generator().manual_seed(0)
+        )
+        s = ess.sample(4000)
+        assert s.std(0).sub(2.0).abs().max() < 0.2
+        assert s.mean(0).abs().max() < 0.25
+
+    def test_errors(self):
+        with pytest.raises(InputDataError, match="prior_std"):
+            EllipticalSliceSampler(lambda t: 0.0, 2, prior_std=0.0)
+        ess = EllipticalSliceSampler(lambda t: float("nan"), 2)
+        with pytest.raises(NumericalError, match="initial state"):
+            ess.sample(3)
+        bad = EllipticalSliceSampler(
+            lambda t: 0.0 if float(t.abs().sum()) == 0 else float("-inf"), 2, max_shrinks=5
+        )
+        with pytest.raises(NumericalError, match="shrinkages"):
+            bad.sample(2)
+        with pytest.raises(ShapeError, match="initial"):
+            EllipticalSliceSampler(lambda t: 0.0, 2).sample(2, initial=torch.zeros(3))
+
+
+class TestMeanFieldVI:
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_matches_mean_field_optimum(self, dtype):
+        model, x, y, mean, _, prec = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(2)
+        q = model.fit_vi(x, y, num_steps=1500, lr=0.03, num_mc=4, init_std=0.3, generator=g)
+        # the mean-field optimum of a Gaussian posterior: exact mean, variances 1 / diag(precision)
+        sd_mf = prec.diagonal().rsqrt()
+        assert ((q.loc.detach() - mean).abs() / sd_mf).max() < 0.15
+        assert ((q.scale.detach() / sd_mf) - 1).abs().max() < 0.15
+        assert model.sample_vi(4, generator=g).shape == (4, 3)
+
+    def test_kl_closed_form_matches_torch(self):
+        q = MeanFieldGaussian(3, init_std=0.4)
+        with torch.no_grad():
+            q.loc.copy_(torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64))
+        p = torch.distributions.Normal(torch.zeros(3, dtype=torch.float64), 1.7)
+        ref = torch.distributions.kl_divergence(torch.distributions.Normal(q.loc, q.scale), p).sum()
+        torch.testing.assert_close(q.kl_divergence(1.7), ref)
+        assert abs(float(q.scale.detach()[0]) - 0.4) < 1e-9
+
+    def test_minibatch_and_errors(self):
+        model, x, y, *_ = _linear_problem(torch.float64)
+        q = model.fit_vi(
+            x, y, num_steps=5, batch_size=10, generator=torch.Generator().manual_seed(0)
+        )
+        assert torch.isfinite(q.loc).all()
+        fresh = SubspaceModel(model.module, model.center, model.projection, model.likelihood)
+        with pytest.raises(NotFittedError, match="fit_vi"):
+            fresh.sample_vi(2)
+        with pytest.raises(InputDataError, match="init_std"):
+            MeanFieldGaussian(2, init_std=0.0)
+        with pytest.raises(ShapeError, match="equal"):
+            model.fit_vi(x, y[:5], num_steps=1)
+
+
+class TestSubspaceModel:
+    def test_weights_and_prediction_shapes(self):
+        model, x, y, *_ = _linear_problem(torch.float64)
+        thetas = torch.randn(4, 3, dtype=torch.float64)
+        w = model.weights(thetas)
+        torch.testing.assert_close(w[1], model.center + model.projection.T @ thetas[1])
+        pred = model.predict(x[:7], thetas)
+        torch.testing.assert_close(pred["means"][2], x[:7] @ w[2])
+        assert pred["variances"].shape == (4, 7) and bool((pred["variances"] == NOISE_VAR).all())
+        with pytest.raises(ShapeError, match="theta"):
+            model.weights(torch.zeros(4))
+
+    def test_constructor_errors(self):
+        net = nn.Linear(2, 1)
+        lik = OutputLikelihood("gaussian")
+        with pytest.raises(ShapeError, match="projection"):
+            SubspaceModel(net, torch.zeros(3), torch.zeros(2, 4), lik)
+        with pytest.raises(ShapeError):
+            SubspaceModel(net, torch.zeros(4), torch.zeros(2, 3), lik)
+        with pytest.raises(InputDataError, match="finite"):
+            SubspaceModel(net, torch.full((3,), float("nan")), torch.zeros(2, 3), lik)
+        with pytest.raises(InputDataError, match="temperature"):
+            SubspaceModel(net, torch.zeros(3), torch.zeros(2, 3), lik, temperature=0.0)
+
+    def test_classification_predict(self):
+        net = nn.Linear(2, 3)
+        center = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        model = SubspaceModel(net, center, torch.randn(2, 9), OutputLikelihood("categorical"))
+        x = torch.randn(6, 2)
+        y = torch.randint(0, 3, (6,))
+        ll = model.log_likelihood(torch.zeros(2), x, y)
+        ref = -torch.nn.functional.cross_entropy(net(x), y, reduction="sum")
+        torch.testing.assert_close(ll, ref)
+        probs = model.predict(x, torch.randn(5, 2))["probs"]
+        assert probs.shape == (5, 6, 3)
+        avg = classification_average(probs)
+        torch.testing.assert_close(avg.sum(-1), torch.ones(6))
+
+
+class TestBayesianModelAveraging:
+    def test_mixture_moments_and_likelihood(self):
+        g = torch.Generator().manual_seed(0)
+        means = torch.randn(4, 3, generator=g, dtype=torch.float64)
+        variances = torch.rand(4, 3, generator=g, dtype=torch.float64) + 0.1
+        target = torch.randn(3, generator=g, dtype=torch.float64)
+        m, v = regression_mixture_moments(means, variances)
+        torch.testing.assert_close(v, (variances + means**2).mean(0) - m**2)
+        dens = torch.exp(torch.distributions.Normal(means, variances.sqrt()).log_prob(target)).mean(
+            0
+        )
+        torch.testing.assert_close(
+            regression_mixture_log_likelihood(means, variances, target), dens.log()
+        )
+        with pytest.raises(ShapeError):
+            regression_mixture_moments(means, variances[:2])
+        with pytest.raises(ShapeError):
+            regression_mixture_log_likelihood(means, variances, target[:2])
+        with pytest.raises(ShapeError):
+            classification_average(torch.rand(3, 4))
+
+    def test_output_likelihood(self):
+        het = OutputLikelihood("heteroscedastic_gaussian", min_variance=0.01)
+        out = torch.tensor([[0.5, -1.0], [1.0, 2.0]], dtype=torch.float64)
+        y = torch.tensor([0.0, 1.5], dtype=torch.float64)
+        var = torch.nn.functional.softplus(out[:, 1]) + 0.01
+        ref = torch.distributions.Normal(out[:, 0], var.sqrt()).log_prob(y)
+        torch.testing.assert_close(het.log_prob(out, y), ref)
+        with pytest.raises(ShapeError):
+            het.log_prob(out[:, :1], y)
+        with pytest.raises(InputDataError, match="kind"):
+            OutputLikelihood("poisson")
+        with pytest.raises(InputDataError):
+            OutputLikelihood("categorical").mean_variance(out)
