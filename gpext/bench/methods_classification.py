@@ -18,7 +18,7 @@ from __future__ import annotations
 import gpytorch
 import torch
 
-from gpext.bench.baselines import SVGPModel, fit_svgp, select_inducing_points
+from gpext.bench.baselines import fit_multilatent_svgp_classifier
 from gpext.bench.registry import BenchConfig, Prediction, register_method
 from gpext.data import DatasetSplit
 from gpext.errors import InputDataError, expected_got
@@ -55,26 +55,9 @@ def _generator(config: BenchConfig) -> torch.Generator:
     description="SVGP, one latent GP per class, gpext RobustMaxLikelihood (quadrature)",
 )
 def fit_robust_max_svgp(split: DatasetSplit, config: BenchConfig) -> Prediction:
-    """The softmax SVGP baseline with the robust-max likelihood (same budget)."""
-    gen = _generator(config)
-    x, y = split.train_x.to(config.device), split.train_y.to(config.device)
-    c = int(split.num_classes)
-    z = select_inducing_points(x, config.budget(64, 256), gen)
-    model = SVGPModel(z, num_latents=c).to(x)
-    likelihood = RobustMaxLikelihood(num_classes=c).to(x)
-    n = x.shape[0]
-    batch_size = min(n, 256 if n < 20000 else 1024)
-    steps = config.budget(300, 1500)
-    epochs = max(1, steps * batch_size // n)
-    fit_svgp(
-        model, likelihood, x, y, epochs=epochs, batch_size=batch_size, lr=0.02,
-        generator=gen, show_progress=config.show_progress, desc="svgp robust max",
-    )  # fmt: skip
-    probs = []
-    with torch.no_grad():
-        for xb in split.test_x.to(config.device).split(1024):
-            probs.append(likelihood(model(xb)).probs)
-    return Prediction(probs=torch.cat(probs).cpu())
+    """The softmax SVGP baseline with the robust-max likelihood (same model and budget)."""
+    likelihood = RobustMaxLikelihood(num_classes=int(split.num_classes))
+    return fit_multilatent_svgp_classifier(split, config, likelihood, desc="svgp robust max")
 
 
 @register_method(

@@ -100,3 +100,47 @@ def check_classes(task: str, num_classes: object, owner: str) -> int | None:
             )
         )
     return check_positive_int(num_classes, f"{owner}.num_classes", minimum=2)
+
+
+def particle_mixture(
+    owner: str, task: str, f: torch.Tensor, fitted_noise: torch.Tensor, noise: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equal-weight Gaussian mixture over particle functions ``f`` (shared by the VBoot models).
+
+    Args:
+        owner: Class name used in messages.
+        task: The model's task; must be ``"regression"``.
+        f: Particle function values.  # shape: (K, M, C)
+        fitted_noise: The training noise (NaN when it was given per point).
+        noise: Test noise variance, or ``None`` for ``fitted_noise``.
+
+    Returns:
+        Component means and variances, ``(K, M)`` for one output or ``(K, M, C)``.
+    """
+    if task != "regression":
+        raise InputDataError(
+            f"{owner}.predict_mixture: the model is a classifier; use predict_proba."
+        )
+    if noise is None:
+        if not bool(torch.isfinite(fitted_noise)):
+            raise InputDataError(
+                f"{owner}.predict_mixture: the training noise was given per point; pass the "
+                "test points' noise variance as noise=..."
+            )
+        noise = fitted_noise
+    noise = torch.as_tensor(noise, dtype=f.dtype, device=f.device)
+    if noise.dim() == 1 and f.shape[-1] != noise.shape[0]:
+        noise = noise.unsqueeze(-1)
+    var = torch.broadcast_to(noise, f.shape).clone()
+    if f.shape[-1] == 1:
+        return f.squeeze(-1), var.squeeze(-1)
+    return f, var
+
+
+def particle_average_probs(owner: str, task: str, f: torch.Tensor) -> torch.Tensor:
+    """Particle average of the softmax (001 Eq. 12).  ``f``: (K, M, C) -> (M, C)."""
+    if task != "classification":
+        raise InputDataError(
+            f"{owner}.predict_proba: the model is a regressor; use predict_mixture."
+        )
+    return torch.softmax(f, dim=-1).mean(0)

@@ -11,6 +11,8 @@ from gpext.bootstrap._targets import (
     check_inputs,
     check_task,
     dirichlet_targets,
+    particle_average_probs,
+    particle_mixture,
     regression_targets,
 )
 from gpext.bootstrap.ensemble_mlp import EnsembleMLP
@@ -385,25 +387,7 @@ class VBootMLP(torch.nn.Module):
         Raises:
             InputDataError: For a classifier, or when the noise is unknown.
         """
-        if self.task != "regression":
-            raise InputDataError(
-                "VBootMLP.predict_mixture: the model is a classifier; use predict_proba."
-            )
-        f = self(x)
-        if noise is None:
-            if not bool(torch.isfinite(self.noise_)):
-                raise InputDataError(
-                    "VBootMLP.predict_mixture: the training noise was given per point; pass the "
-                    "test points' noise variance as noise=..."
-                )
-            noise = self.noise_
-        noise = torch.as_tensor(noise, dtype=f.dtype, device=f.device)
-        if noise.dim() == 1 and f.shape[-1] != noise.shape[0]:
-            noise = noise.unsqueeze(-1)
-        var = torch.broadcast_to(noise, f.shape).clone()
-        if f.shape[-1] == 1:
-            return f.squeeze(-1), var.squeeze(-1)
-        return f, var
+        return particle_mixture("VBootMLP", self.task, self(x), self.noise_, noise)
 
     @torch.no_grad()
     def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
@@ -418,8 +402,4 @@ class VBootMLP(torch.nn.Module):
         Raises:
             InputDataError: For a regression model.
         """
-        if self.task != "classification":
-            raise InputDataError(
-                "VBootMLP.predict_proba: the model is a regressor; use predict_mixture."
-            )
-        return torch.softmax(self(x), dim=-1).mean(0)
+        return particle_average_probs("VBootMLP", self.task, self(x))

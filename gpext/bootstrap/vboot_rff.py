@@ -10,6 +10,8 @@ from gpext.bootstrap._targets import (
     check_inputs,
     check_task,
     dirichlet_targets,
+    particle_average_probs,
+    particle_mixture,
     regression_targets,
 )
 from gpext.bootstrap.perturbed_map import solve_perturbed_map
@@ -342,25 +344,7 @@ class VBootRFF(torch.nn.Module):
         Raises:
             InputDataError: For a classification model.
         """
-        if self.task != "regression":
-            raise InputDataError(
-                "VBootRFF.predict_mixture: the model is a classifier; use predict_proba."
-            )
-        f = self(x)
-        if noise is None:
-            if not bool(torch.isfinite(self.noise_)):
-                raise InputDataError(
-                    "VBootRFF.predict_mixture: the training noise was given per point; pass the "
-                    "test points' noise variance as noise=..."
-                )
-            noise = self.noise_
-        noise = torch.as_tensor(noise, dtype=f.dtype, device=f.device)
-        if noise.dim() == 1 and f.shape[-1] != noise.shape[0]:
-            noise = noise.unsqueeze(-1)
-        var = torch.broadcast_to(noise, f.shape).clone()
-        if f.shape[-1] == 1:
-            return f.squeeze(-1), var.squeeze(-1)
-        return f, var
+        return particle_mixture("VBootRFF", self.task, self(x), self.noise_, noise)
 
     @torch.no_grad()
     def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
@@ -375,8 +359,4 @@ class VBootRFF(torch.nn.Module):
         Raises:
             InputDataError: For a regression model.
         """
-        if self.task != "classification":
-            raise InputDataError(
-                "VBootRFF.predict_proba: the model is a regressor; use predict_mixture."
-            )
-        return torch.softmax(self(x), dim=-1).mean(0)
+        return particle_average_probs("VBootRFF", self.task, self(x))
