@@ -11,16 +11,6 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError
 from gpext.models import InducingGPNetwork
 from gpext.nn import MLP, SetEncoder
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small problems run faster single-threaded on a shared CPU; restore afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 DTYPES = [torch.float32, torch.float64]
 
 

@@ -12,15 +12,6 @@ from gpext.errors import InputDataError, NumericalWarning, ShapeError
 from gpext.models.ign_probit_laplace import ProbitLaplace
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small problems run faster single-threaded on a shared CPU; restore afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _problem(n=10, dtype=torch.float64, seed=0, ls=1.0):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 1, generator=gen, dtype=dtype)

@@ -7,15 +7,6 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError
 from gpext.nn import MLP
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small problems run faster single-threaded on a shared CPU; restore afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 class TestMLP:
     def setup_method(self):
         torch.manual_seed(0)

@@ -11,16 +11,6 @@ from gpext.errors import InputDataError, NumericalError, NumericalWarning, Shape
 from gpext.variational import FeatureSpaceInducingGP
 from gpext.variational.feature_space_inducing_gp import _safe_cholesky
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small problems run faster single-threaded on a shared CPU; restore afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 DTYPES = [torch.float32, torch.float64]
 
 
