@@ -61,6 +61,55 @@ class TestVBootMLP:
                 mask = a.grad.abs() > 1e-6
                 torch.testing.assert_close(p[mask], expected[mask], rtol=1e-4, atol=1e-6)
 
+    def test_step_gradients_are_those_of_eq7_per_particle(self, dtype):
+        """The batched step's gradients equal autograd of each particle's own Eq. (7) / N."""
+        x, y = _data(dtype, n=40)
+        n, b = 40, 16
+        model = VBootMLP(3, (8, 6), task="classification", num_classes=2, prior_std=0.8, seed=4)
+        model.fit(x, y, num_epochs=1, batch_size=40)  # builds the network
+        gen = torch.Generator().manual_seed(self.seed)
+        with torch.no_grad():
+            for p in model.net.stacked_parameters():
+                p.grad = None
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype))
+        anchors = [
+            torch.stack(t).to(dtype) for t in zip(*(model.draw_anchors(j, 3, 2) for j in range(3)))
+        ]
+        targets, noise = DirichletTransform(2)(y, dtype=dtype)
+        y_pert = targets + torch.randn(3, n, 2, generator=gen, dtype=torch.float64).to(dtype)
+        idx = torch.randperm(n, generator=gen)[:b]
+        model._step_gradients(x[idx], y_pert[:, idx], 1 / noise[idx], anchors, n)
+        for j in range(3):
+            params = [t.clone().requires_grad_(True) for t in model.net.particle(j)]
+            w1, w2, w3, b1, b2, b3 = params
+            h = torch.relu(x[idx] @ w1 / math.sqrt(3) + b1)
+            h = torch.relu(h @ w2 / math.sqrt(8) + b2)
+            f = h @ w3 / math.sqrt(6) + b3
+            data = ((y_pert[j, idx] - f) ** 2 / (2 * noise[idx])).sum() * (n / b)
+            prior = sum(((p - a[j]) ** 2).sum() for p, a in zip(params, anchors)) / (2 * 0.64)
+            ((data + prior) / n).backward()
+            tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+            for got, ref in zip(model.net.stacked_parameters(), params):
+                torch.testing.assert_close(got.grad[j], ref.grad, **tol)
+
+    def test_default_learning_rate_suits_the_ntk_parameterisation(self, dtype):
+        """Adam at lr = 1e-3 barely moves NTK weights; the default (0.1) fits in a few epochs."""
+        gen = torch.Generator().manual_seed(self.seed)
+        r = torch.rand(600, generator=gen, dtype=torch.float64) * 3
+        label = torch.randint(0, 3, (600,), generator=gen)
+        angle = r * 2.0 + label * (2 * math.pi / 3)
+        x = torch.stack([r * angle.cos(), r * angle.sin()], -1).to(dtype)
+        x = x + 0.05 * torch.randn(x.shape, generator=gen, dtype=torch.float64).to(dtype)
+
+        def accuracy(**kw):
+            model = VBootMLP(2, (64, 64), task="classification", num_classes=3, seed=0)
+            model.fit(x, label, num_epochs=15, batch_size=64, **kw)
+            return float((model.predict_proba(x).argmax(-1) == label).double().mean())
+
+        default, small = accuracy(), accuracy(lr=1e-3)
+        assert default > 0.9
+        assert small < default - 0.4
+
     def test_regression_mixture_and_state_dict(self, dtype):
         gen = torch.Generator().manual_seed(0)
         x = torch.rand(128, 1, generator=gen, dtype=torch.float64).to(dtype) * 4 - 2
@@ -81,7 +130,7 @@ class TestVBootMLP:
     def test_classification_probabilities(self, dtype):
         x, y = _data(dtype, n=128)
         model = VBootMLP(3, (16,), task="classification", num_classes=2, seed=0)
-        model.fit(x, y, num_epochs=25, batch_size=32, lr=1e-2)
+        model.fit(x, y, num_epochs=25, batch_size=32)
         probs = model.predict_proba(x)
         assert probs.shape == (128, 2) and probs.dtype == dtype
         torch.testing.assert_close(probs, torch.softmax(model(x), -1).mean(0))
