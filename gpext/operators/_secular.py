@@ -5,7 +5,8 @@
 ``U (diag(d) + sigma z z^T) U^T``: the eigenvalues (ascending) and the new basis.
 
 The algorithm follows the classical divide-and-conquer merge step (Bunch, Nielsen & Sorensen
-1978; Gu & Eisenstat 1994; LAPACK ``dlaed2``/``dlaed4``), rebuilt from the formulas:
+1978; Li 1993; Gu & Eisenstat 1994; the structure of LAPACK ``dlaed2``/``dlaed4``), rebuilt from
+the formulas:
 
 1. ``sigma < 0`` is mapped to ``sigma > 0`` by negating ``d``; ``sqrt(|sigma|)`` is absorbed into
    ``z`` so that the secular equation reads ``f(lam) = 1 + sum_i z_i^2 / (d_i - lam) = 0``.
@@ -13,18 +14,26 @@ The algorithm follows the classical divide-and-conquer merge step (Bunch, Nielse
    pairs of (nearly) equal poles are merged by a Givens rotation that zeroes one ``z`` entry
    (applied to the two basis columns). Only the rotations themselves run in a Python loop, over
    the detected pairs, on ``O(1)`` numbers each.
-3. All ``k`` remaining roots are solved at once: each root is written as an offset ``tau`` from
-   its nearer pole, ``lam = d_o + tau``, and all differences as ``d_i - lam = (d_i - d_o) - tau``
-   (no cancellation). One evaluation at the middle of each interval picks the nearer pole and
-   starts the iteration; the iteration is the fixed-weight / "middle way" rational step, safeguarded by
-   bisection inside a bracket that every evaluation shrinks, and stops on the root's own
-   rounding-error bound. Converged roots leave the working set; one evaluation costs a few
-   vectorised passes over a ``(roots still iterating) x k`` buffer, reused in place.
+3. All ``k`` remaining roots are solved at once. Every root is an offset ``tau`` from the pole
+   it is nearer to (``lam = d_o + tau``) and every difference is formed as
+   ``d_i - lam = (d_i - d_o) - tau``, so small offsets keep full relative accuracy. One
+   evaluation at the middle of each interval picks that pole and gives the initial guess (the
+   two neighbouring poles exact, the rest of the sum frozen at the midpoint). The iteration is
+   the fixed-weight rational step (a two-pole model that keeps the weight of the origin pole and
+   matches ``f`` and ``f'``; it switches to the other pole's weight when ``|f|`` stalls, and
+   bisects after three stalls in a row), safeguarded by a bracket that every evaluation shrinks.
+   A root stops on its own rounding-error bound, or without a further evaluation once its steps
+   contract quadratically (``|eta_n| <= 1e-3 |eta_{n-1}|``) and the predicted remaining error
+   ``|eta_n|^3 / |eta_{n-1}|^2`` is below ``0.1 eps |tau|``. Only the ``O(k^2)`` sums run in torch (on the device of
+   the data, a few passes over a ``(roots still iterating) x k`` buffer per evaluation); the
+   ``O(k)`` per-root logic runs on the host in float64, and converged roots leave the set.
 4. ``z`` is recomputed from the roots (Gu & Eisenstat): ``zhat_i^2 = prod_j (lam_j - d_i) /
-   prod_{j != i} (d_j - d_i)``, summed in log space over the ratios ``(lam_j - d_i) / (d_j -
-   d_i)`` so the products over ``k`` factors cannot overflow; the eigenvectors
-   ``zhat_i / (d_i - lam_j)`` are then orthogonal to working precision. The basis is updated with
-   one GEMM restricted to the ``k`` non-deflated columns.
+   prod_{j != i} (d_j - d_i)``, as a product over the ratios ``(lam_j - d_i) / (d_j - d_i)``
+   whose runs telescope, in blocks of ``_BLOCK`` consecutive factors whose logarithms are then
+   summed, so no product over ``k`` factors can overflow. The eigenvectors
+   ``zhat_i / (d_i - lam_j)`` are then orthogonal to working precision, and the basis is updated
+   with one GEMM over the ``k`` non-deflated columns (a permutation of the input order is applied
+   to the small ``k x k`` factor, not to the basis).
 """
 
 from __future__ import annotations
@@ -41,22 +50,23 @@ from gpext.errors import NumericalWarning
 __all__: list[str] = []
 
 _MAX_ITER = 64
-_BLOCK = 32  # rows per partial product in the Gu-Eisenstat formula
+_CONTRACT = 1e-3  # step ratio that marks the quadratic regime
+_BLOCK = 32  # factors per partial product in the Gu-Eisenstat formula
 _WORKSPACE = threading.local()
 
 
-def _workspace(slot: int, shape: tuple[int, int], dtype: torch.dtype, device) -> torch.Tensor:
-    """A reusable per-thread scratch matrix (never returned to callers).
+def _workspace(slot: int, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A reusable per-thread scratch tensor (never returned to callers).
 
-    Fresh ``n x n`` allocations cost page faults comparable to a full pass over the data, so
-    the work buffers of the update are kept between calls (three per dtype and device, grown to
-    the largest size seen).
+    Fresh ``k x k`` allocations cost page faults comparable to a full pass over the data, so
+    the work buffers of the update are kept between calls (one per slot, dtype and device,
+    grown to the largest size seen).
     """
     cache = getattr(_WORKSPACE, "buffers", None)
     if cache is None:
         cache = _WORKSPACE.buffers = {}
     key = (slot, dtype, str(device))
-    numel = shape[0] * shape[1]
+    numel = math.prod(shape)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=dtype, device=device)
@@ -112,205 +122,264 @@ def _deflate_pairs(
     return rotations
 
 
-def _evaluate(
-    d: torch.Tensor,
-    z: torch.Tensor,
-    d_o: torch.Tensor,
-    tau: torch.Tensor,
-    buf: torch.Tensor,
-    buf2: torch.Tensor,
-) -> tuple[torch.Tensor, ...]:
-    """Secular function of the rows ``lam_r = d_o[r] + tau[r]``.
+def _model_root(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Root of ``c x^2 - a x + b = 0`` strictly inside ``(lo, hi)`` (NaN where there is none).
 
-    ``psi`` sums the poles below the root (negative terms), ``phi`` those above.
-    ``buf``/``buf2`` are ``(R, k)`` work buffers, overwritten.
-
-    Returns:
-        ``f, psi, phi, dpsi, dphi``. # shapes: (R,) each
+    The quadratic comes from a two-pole rational model of the secular function; between its
+    poles (or above both, for the last root) it has exactly one root, and the bracket selects it.
+    Both roots are formed without cancellation (``q / c`` and ``b / q``). Call it under
+    ``np.errstate(all="ignore")``.
     """
-    a = torch.sub(d, d_o[:, None], out=buf)
-    a.sub_(tau[:, None])  # d_i - lam_r, without cancellation
-    torch.div(z, a, out=a)  # a_ri = z_i / (d_i - lam_r); z_i >= 0
-    s1 = a @ z  # sum_i z_i^2 / (d_i - lam)
-    dtot = torch.linalg.vector_norm(a, dim=-1).square()
-    an = torch.clamp(a, max=0.0, out=buf2)  # the poles below the root
-    psi = an @ z
-    dpsi = torch.linalg.vector_norm(an, dim=-1).square()
-    return 1.0 + s1, psi, s1 - psi, dpsi, dtot - dpsi
-
-
-def _quadratic_step(a, b, c, pole_lo, pole_hi, upward):
-    """Root of ``c x^2 - a x + b = 0`` in ``(pole_lo, pole_hi)``, or the larger one (``upward``).
-
-    The quadratic comes from a two-pole rational model with poles ``pole_lo < pole_hi``; an
-    interior model has exactly one root between its poles, the model of the last root (both
-    poles below it, ``c > 0``) exactly one above them. NaN where no root qualifies.
-    """
-    disc = (a * a - 4.0 * b * c).clamp(min=0).sqrt()
-    q = 0.5 * (a + torch.where(a >= 0, disc, -disc))
+    q = 0.5 * (a + np.copysign(np.sqrt(np.maximum(a * a - 4.0 * b * c, 0.0)), a))
     r1, r2 = q / c, b / q
-    big = torch.maximum(r1, r2)
-    in1 = (r1 > pole_lo) & (r1 < pole_hi)
-    in2 = (r2 > pole_lo) & (r2 < pole_hi)
-    inner = torch.where(in1, r1, torch.where(in2, r2, torch.nan))
-    outer = torch.where(c > 0, big, torch.nan)
-    return torch.where(upward, outer, inner)
+    return np.where((r2 > lo) & (r2 < hi), r2, np.where((r1 > lo) & (r1 < hi), r1, np.nan))
 
 
-def _bisect(lo: torch.Tensor, hi: torch.Tensor, eps: float) -> torch.Tensor:
+def _bisect(lo: np.ndarray, hi: np.ndarray, eps: float) -> np.ndarray:
     """Safeguard point inside ``(lo, hi)``: the geometric mean when the bracket spans orders of
     magnitude on one side of the pole (roots next to a pole with a tiny weight), else the middle.
     """
-    small = torch.minimum(lo.abs(), hi.abs())
-    large = torch.maximum(lo.abs(), hi.abs())
-    small = torch.maximum(small, eps * large)
+    alo, ahi = np.abs(lo), np.abs(hi)
+    large = np.maximum(alo, ahi)
+    small = np.maximum(np.minimum(alo, ahi), eps * large)
     same_side = (lo >= 0) | (hi <= 0)
-    geo = torch.where(hi > 0, 1.0, -1.0).to(lo.dtype) * (small * large).sqrt()
-    return torch.where(same_side & (large > 64.0 * small), geo, 0.5 * (lo + hi))
+    geo = np.where(hi > 0, 1.0, -1.0) * np.sqrt(small * large)
+    return np.where(same_side & (large > 64.0 * small), geo, 0.5 * (lo + hi))
+
+
+class _Sums:
+    """The ``O(k^2)`` part of one evaluation of the secular function, in torch.
+
+    For rows ``r`` (roots) at ``lam_r = d_{o(r)} + tau_r``, :meth:`__call__` returns, per row,
+    ``s1 = sum_i z_i^2 / (d_i - lam_r)`` and ``s2 = sum_i z_i^2 / (d_i - lam_r)^2`` (four passes
+    over a ``rows x k`` buffer: difference, quotient, matrix-vector product, norm), and
+    :meth:`abs_sum` then ``sum_i |z_i^2 / (d_i - lam_r)|`` (``z >= 0``; two more passes, only
+    needed by the stopping test). ``d0`` holds ``d_i - d_{o(r)}`` for all rows; only the rows
+    still iterating are gathered.
+    """
+
+    def __init__(self, d0: torch.Tensor, z: torch.Tensor, buf: torch.Tensor, res: torch.Tensor):
+        self.d0, self.z, self.buf, self.res = d0, z, buf, res
+        self.rows = 0
+
+    def __call__(self, rows: np.ndarray | None, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        d0, z = self.d0, self.z
+        r = self.rows = d0.shape[0] if rows is None else rows.size
+        buf, res = self.buf[:r], self.res[:, :r]
+        t = torch.from_numpy(tau).to(dtype=d0.dtype, device=d0.device)[:, None]
+        if rows is None:
+            torch.sub(d0, t, out=buf)
+        else:
+            torch.index_select(d0, 0, torch.from_numpy(rows).to(d0.device), out=buf)
+            buf.sub_(t)  # d_i - lam_r = (d_i - d_o) - tau, without cancellation
+        torch.div(z, buf, out=buf)  # z_i / (d_i - lam_r)
+        torch.mv(buf, z, out=res[0])
+        torch.linalg.vector_norm(buf, dim=-1, out=res[1])
+        host = res[:2].cpu().double().numpy()
+        return host[0].copy(), host[1] ** 2
+
+    def abs_sum(self) -> np.ndarray:
+        buf = self.buf[: self.rows]
+        out = torch.mv(buf.abs_(), self.z, out=self.res[2, : self.rows])
+        return out.cpu().double().numpy().copy()
+
+
+def _initial_guess(d, z, d_h, z2, buf, res):
+    """Origins, offsets and brackets from one evaluation at the middle of every interval.
+
+    The sign of ``f`` at the midpoint tells which half holds the root (whose pole becomes the
+    origin); the guess solves the model with both neighbouring poles exact and the rest of the
+    sum frozen at its midpoint value. The midpoint needs no extra accuracy, so its differences
+    are formed directly.
+    """
+    k = d_h.size
+    j = np.arange(k)
+    last = j == k - 1
+    gap = np.empty(k)
+    gap[:-1] = d_h[1:] - d_h[:-1]
+    gap[-1] = z2.sum()  # the last root lies in (d_k, d_k + ||z||^2]
+    half = 0.5 * gap
+    mid = torch.from_numpy(d_h + half).to(dtype=d.dtype, device=d.device)
+    a = torch.sub(d[None, :], mid[:, None], out=buf)
+    torch.div(z, a, out=a)
+    f_mid = 1.0 + torch.mv(a, z, out=res[0]).cpu().double().numpy()
+    lower = last | (f_mid >= 0)  # root in the lower half: measure it from d_j
+    origin = np.where(lower, j, j + 1)
+    other = np.where(last, j - 1, np.where(lower, j + 1, j))  # the second pole of the model
+    p2 = d_h[other] - d_h[origin]  # its offset from the origin
+    w_o, w_2 = z2[origin], z2[other]
+    zero = np.zeros(k)
+    lo = np.where(last, np.where(f_mid > 0, zero, half), np.where(lower, zero, -half))
+    hi = np.where(last, np.where(f_mid > 0, half, gap), np.where(lower, half, zero))
+    t_mid = np.where(lower, half, -half)  # the midpoint in coordinates of the origin
+    with np.errstate(all="ignore"):
+        c = f_mid + w_o / t_mid - w_2 / (p2 - t_mid)
+        tau = _model_root(c * p2 + w_o + w_2, w_o * p2, c, lo, hi)
+    tau = np.where(np.isfinite(tau), tau, 0.5 * (lo + hi))
+    return origin, p2, w_o, w_2, lo, hi, tau
 
 
 def _solve_secular(
-    d: torch.Tensor, z2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Solve ``1 + sum_i z2_i / (d_i - lam) = 0`` for all ``k`` roots at once.
+    d: torch.Tensor, z: torch.Tensor, d_h: np.ndarray, z_h: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor, int]:
+    """Solve ``1 + sum_i z_i^2 / (d_i - lam) = 0`` for all ``k`` roots at once.
 
     Args:
-        d: Poles, strictly ascending. # shape: (k,)
-        z2: Positive weights. # shape: (k,)
+        d: Poles, strictly ascending (device, dtype of the data). # shape: (k,)
+        z: Weights' square roots, ``z > 0``. # shape: (k,)
+        d_h: ``d`` on the host in float64. # shape: (k,)
+        z_h: ``z`` on the host in float64. # shape: (k,)
 
     Returns:
         ``origin`` (index of the pole each root is measured from), ``tau`` (offset,
-        ``lam = d[origin] + tau``), the work buffer, and ``converged`` (bool per root).
-        # shapes: (k,), (k,), (k, k), (k,)
+        ``lam = d[origin] + tau``; host float64), ``d0`` (``d0[r, i] = d_i - d[origin[r]]``, a
+        workspace) and the number of roots that did not converge.
+        # shapes: (k,), (k,), (k, k), ()
     """
-    k = d.shape[0]
+    k = d_h.size
     dtype, device = d.dtype, d.device
-    eps = torch.finfo(dtype).eps
-    z = z2.sqrt()
-    rho = z2.sum()
-    j = torch.arange(k, device=device)
-    last = j == k - 1
-    up = (j + 1).clamp(max=k - 1)
-    dn = (j - 1).clamp(min=0)
-    gap = torch.where(last, rho, d[up] - d)
-    half = 0.5 * gap
-    buf = _workspace(0, (k, k), dtype, device)
-    buf2 = _workspace(1, (k, k), dtype, device)
+    eps = float(torch.finfo(dtype).eps)
+    npdt = np.float64 if dtype == torch.float64 else np.float32
+    z2 = z_h * z_h
+    buf = _workspace(1, (k, k), dtype, device)
+    d0 = _workspace(2, (k, k), dtype, device)
+    res = _workspace(3, (3, k), dtype, device)
     if k == 1:
-        return j, rho.reshape(1), buf, torch.ones(1, dtype=torch.bool, device=device)
-
-    # Evaluate at the middle of each interval: the sign picks the nearer pole as the origin.
-    f, psi, phi, dpsi, dphi = _evaluate(d, z, d, half, buf, buf2)
-    lower = last | (f >= 0)
-    origin = torch.where(lower, j, up)
-    zero = torch.zeros_like(half)
-    lo = torch.where(last, torch.where(f > 0, zero, half), torch.where(lower, zero, -half))
-    hi = torch.where(last, torch.where(f > 0, half, gap), torch.where(lower, half, zero))
-    tau = torch.where(lower, half, -half)  # the midpoint in coordinates of the origin
-    d_o = d[origin]
-    # Offsets of the two model poles from the origin: p1 = j (below the root), p2 = j + 1
-    # (interior) or j - 1 (last root, all poles below it).
-    off1 = d - d_o
-    off2 = torch.where(last, d[dn], d[up]) - d_o
-    zo = z2[origin]
-    use_fw = ~last
-    f_prev = torch.full_like(half, torch.inf)
-    converged = torch.zeros(k, dtype=torch.bool, device=device)
-    todo = j
-    t = tau
-    for _ in range(_MAX_ITER):
-        lo_t = torch.where(f < 0, t, lo[todo])
-        hi_t = torch.where(f > 0, t, hi[todo])
-        err = eps * (8.0 * (phi - psi) + 2.0 + 3.0 * f.abs() + t.abs() * (dpsi + dphi))
-        done = (f.abs() <= err) | (hi_t - lo_t <= 2.0 * eps * torch.maximum(lo_t.abs(), hi_t.abs()))
-        converged[todo[done]] = True
-        keep = ~done
-        if not bool(keep.any()):
-            break
-        todo, t, f, psi, dpsi, dphi = (
-            todo[keep],
-            t[keep],
-            f[keep],
-            psi[keep],
-            dpsi[keep],
-            dphi[keep],
-        )
-        lo_t, hi_t = lo_t[keep], hi_t[keep]
-        lo[todo], hi[todo] = lo_t, hi_t
-        is_last, fw, low_o, z2o = last[todo], use_fw[todo], lower[todo], zo[todo]
-        d1 = off1[todo] - t  # d_j - lam (< 0)
-        d2 = off2[todo] - t
-        fp = dpsi + dphi
-        # Fixed weight keeps the exact weight of the origin pole; the middle way fits each
-        # side to its own derivative; the last root keeps its own pole exactly and lumps all
-        # lower poles into the previous one.
-        s_fw = torch.where(low_o, z2o, (d1 * d1 * (fp - z2o / (d2 * d2))).clamp(min=0))
-        big_fw = torch.where(low_o, (d2 * d2 * (fp - z2o / (d1 * d1))).clamp(min=0), z2o)
-        big_last = (d2 * d2 * (dpsi - z2o / (d1 * d1))).clamp(min=0)
-        s = torch.where(is_last, z2o, torch.where(fw, s_fw, d1 * d1 * dpsi))
-        big = torch.where(is_last, big_last, torch.where(fw, big_fw, d2 * d2 * dphi))
-        c = f - s / d1 - big / d2
-        a = c * (d1 + d2) + s + big
-        b = d1 * d2 * f
-        eta = _quadratic_step(a, b, c, d1, d2, is_last)
-        eta = torch.where(f * eta > 0, -f / fp, eta)  # wrong direction: Newton
-        slow = f.abs() > 0.1 * f_prev[todo].abs()
-        use_fw[todo] = fw ^ (slow & ~is_last)
-        f_prev[todo] = f
-        t_new = t + eta
-        ok = torch.isfinite(t_new) & (t_new > lo_t) & ((t_new < hi_t) | (is_last & (t_new <= hi_t)))
-        # The last root's lumped model can crawl (e.g. next to a pole with a tiny weight):
-        # bisect (geometrically) whenever it failed to reduce |f| tenfold.
-        ok = ok & ~(slow & is_last)
-        t = torch.where(ok, t_new, _bisect(lo_t, hi_t, eps))
-        tau[todo] = t
-        r = todo.numel()
-        f, psi, phi, dpsi, dphi = _evaluate(d, z, d_o[todo], t, buf[:r], buf2[:r])
-    return origin, tau, buf, converged
+        d0.zero_()
+        return np.zeros(1, np.int64), z2.copy(), d0, 0
+    origin, p2, w_o, w_2, lo, hi, tau = _initial_guess(d, z, d_h, z2, buf, res)
+    tau = tau.astype(npdt).astype(np.float64)
+    torch.sub(d[None, :], d[torch.from_numpy(origin).to(device)][:, None], out=d0)
+    sums = _Sums(d0, z, buf, res)
+    converged = np.zeros(k, dtype=bool)
+    swap = np.zeros(k, dtype=bool)  # use the other pole's weight in the model
+    slow = np.zeros(k, dtype=np.int64)  # consecutive evaluations without a tenfold |f| decrease
+    f_prev = np.full(k, np.inf)
+    step_prev = np.full(k, np.inf)  # size of the previous model step (inf after a bisection)
+    znorm = math.sqrt(float(z2.sum()))
+    todo = np.arange(k)
+    err_state = np.seterr(all="ignore")
+    try:
+        for _ in range(_MAX_ITER):
+            t = tau[todo]
+            s1, fp = sums(None if todo.size == k else todo, t)
+            f = 1.0 + s1
+            af = np.abs(f)
+            lo_t = np.where(f < 0, t, lo[todo])
+            hi_t = np.where(f > 0, t, hi[todo])
+            # Stopping test |f| <= eps (8 sum_i |z_i^2 / (d_i - lam)| + 2 + 3 |f| + |tau| f'),
+            # the rounding-error bound of the evaluation. The absolute sum is at most
+            # ||z|| sqrt(f') (Cauchy-Schwarz): it is computed only when that says the test can
+            # pass.
+            base = 2.0 + 3.0 * af + np.abs(t) * fp
+            done = (hi_t - lo_t) <= 2.0 * eps * np.maximum(np.abs(lo_t), np.abs(hi_t))
+            if (af <= eps * (8.0 * znorm * np.sqrt(fp) + base)).any():
+                done |= af <= eps * (8.0 * sums.abs_sum() + base)
+            if done.any():
+                converged[todo[done]] = True
+                keep = ~done
+                if not keep.any():
+                    break
+                todo, t, f, af, fp = todo[keep], t[keep], f[keep], af[keep], fp[keep]
+                lo_t, hi_t = lo_t[keep], hi_t[keep]
+            lo[todo], hi[todo] = lo_t, hi_t
+            # Fixed-weight two-pole model c + w_o / (d_o - lam) + s / (d_2 - lam) fitted to f
+            # and f' at the current point (w_o exact; with ``swap`` the other weight is exact).
+            do_, d2 = -t, p2[todo] - t  # d_o - lam, d_2 - lam
+            sw = swap[todo]
+            c = np.where(
+                sw,
+                f - do_ * fp - (w_2[todo] / (d2 * d2)) * (d2 - do_),
+                f - d2 * fp - (w_o[todo] / (do_ * do_)) * (do_ - d2),
+            )
+            a = (do_ + d2) * f - do_ * d2 * fp
+            eta = _model_root(a, do_ * d2 * f, c, lo_t - t, hi_t - t)
+            eta = np.where(eta == eta, eta, -f / fp)  # no model root: Newton
+            t_new = t + eta
+            ok = (t_new > lo_t) & (t_new < hi_t)  # False for NaN
+            sl = np.where(af > 0.1 * f_prev[todo], slow[todo] + 1, 0)
+            swap[todo] = sw ^ (sl > 0)  # stalled: try the other pole's weight
+            ok &= sl < 3  # stalled three times in a row: bisect, then start afresh
+            slow[todo] = np.where(ok, sl, 0)
+            f_prev[todo] = np.where(ok, af, np.inf)
+            if not ok.all():
+                t_new = np.where(ok, t_new, _bisect(lo_t, hi_t, eps))
+            t_new = t_new.astype(npdt)
+            tau[todo] = t_new
+            # Quadratic convergence: the error left after this step is about
+            # |eta|^3 / |eta_prev|^2; accept the root without another evaluation when that is
+            # below the rounding level and the steps clearly contract.
+            step = np.where(ok, np.abs(eta), np.inf)
+            sp = step_prev[todo]
+            step_prev[todo] = step
+            settled = (sp < np.inf) & (step <= _CONTRACT * sp)
+            settled &= step**3 <= 0.1 * eps * sp * sp * np.abs(t_new)
+            if settled.any():
+                converged[todo[settled]] = True
+                todo = todo[~settled]
+                if not todo.size:
+                    break
+    finally:
+        np.seterr(**err_state)
+    return origin, tau, d0, int((~converged).sum())
 
 
 def _eigenvectors(
     d: torch.Tensor,
-    z: torch.Tensor,
-    origin: torch.Tensor,
-    tau: torch.Tensor,
-    buf: torch.Tensor,
-    buf2: torch.Tensor,
-    reverse: bool = False,
+    z_sign: torch.Tensor,
+    tau: np.ndarray,
+    d0: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
-    """Gu-Eisenstat eigenvectors of ``diag(d) + z z^T``; row ``r`` is the eigenvector of root r
-    (of root ``k - 1 - r`` with ``reverse``).
+    """Gu-Eisenstat eigenvectors of ``diag(d) + z z^T``; row ``r`` is the eigenvector of root r.
 
     ``zhat_i^2 = (lam_i - d_i) prod_{j != i} (lam_j - d_i) / (d_j - d_i)``. Interlacing makes
     every run of consecutive ratios telescope, so a product over a block of ``_BLOCK``
     consecutive ``j`` stays far inside the floating-point range (the diagonal factor is taken
     relative to the problem's scale); the block products are then summed in log space, so no
-    product over ``k`` factors can overflow or underflow. Returns a view of ``buf``.
+    product over ``k`` factors can overflow or underflow. Returns the unit eigenvectors (a
+    view of a workspace).
     """
-    k = d.shape[0]
-    d_o = d[origin]
-    diff = torch.sub(d, d_o[:, None], out=buf)
-    diff.sub_(tau[:, None])  # diff[r, i] = d_i - lam_r
-    scale = torch.maximum(d.abs().max(), tau.abs().max())
-    dd = torch.sub(d, d[:, None], out=buf2)  # d_i - d_j
-    dd.diagonal().fill_(1.0)
-    dd.diagonal().mul_(scale)
-    ratio = torch.div(diff, dd, out=dd).abs_()  # (lam_j - d_i) / (d_j - d_i); rows j
+    k = d0.shape[0]
+    dtype, device = d0.dtype, d0.device
+    t = torch.from_numpy(tau).to(dtype=dtype, device=device)[:, None]
+    diff = torch.sub(d0, t, out=_workspace(1, (k, k), dtype, device))  # d_i - lam_r
+    dd = torch.sub(d[None, :], d[:, None], out=_workspace(0, (k, k), dtype, device))
+    dd.diagonal().fill_(-scale)
+    ratio = torch.div(diff, dd, out=dd)  # (lam_j - d_i) / (d_j - d_i), row j
     if ratio.dtype != torch.float64:
         ratio = ratio.double()
     full = (k // _BLOCK) * _BLOCK
-    parts = [ratio[:full].view(-1, _BLOCK, k).prod(1)] if full else []
+    log_z2 = torch.zeros(k, dtype=torch.float64, device=device)
+    if full:
+        log_z2 += ratio[:full].view(-1, _BLOCK, k).prod(1).abs_().log_().sum(0)
     if full < k:
-        parts.append(ratio[full:].prod(0, keepdim=True))
-    blocks = torch.cat(parts) if len(parts) > 1 else parts[0]  # shape: (ceil(k / B), k)
-    log_z2 = blocks.log().sum(0) + torch.log(scale.double())
-    zhat = torch.exp(0.5 * log_z2).to(d.dtype) * torch.where(z < 0, -1.0, 1.0).to(d.dtype)
-    if reverse:
-        diff = torch.sub(d, d_o.flip(0)[:, None], out=buf)
-        diff.sub_(tau.flip(0)[:, None])
+        log_z2 += ratio[full:].prod(0).abs_().log_()
+    log_z2 += math.log(scale)
+    zhat = torch.exp(0.5 * log_z2).to(dtype).mul_(z_sign)
     q = torch.div(zhat, diff, out=diff)  # q[r, i] = zhat_i / (d_i - lam_r)
-    q.div_(torch.linalg.vector_norm(q, dim=-1, keepdim=True))
+    q.mul_(torch.linalg.vector_norm(q, dim=-1, keepdim=True).reciprocal_())
     return q
+
+
+def _rotate(
+    u: torch.Tensor, perm_h: np.ndarray, rotations: list[tuple[int, int, float, float]]
+) -> torch.Tensor:
+    """The basis in sorted order with the deflating Givens rotations applied (a new tensor)."""
+    u = u.index_select(1, torch.from_numpy(perm_h).to(u.device))
+    touched = sorted({p for p, _, _, _ in rotations} | {j for _, j, _, _ in rotations})
+    pos = {col: i for i, col in enumerate(touched)}
+    idx = torch.tensor(touched, device=u.device)
+    cols = u.index_select(1, idx).mT.cpu().double().numpy().copy()  # rows = columns of U
+    for p, j, c, s in rotations:
+        a, b = pos[p], pos[j]
+        col_p = cols[a].copy()
+        cols[a] = c * col_p - s * cols[b]
+        cols[b] = s * col_p + c * cols[b]
+    u[:, idx] = torch.from_numpy(cols).to(dtype=u.dtype, device=u.device).mT
+    return u
 
 
 def rank_one_basis_update(
@@ -322,7 +391,7 @@ def rank_one_basis_update(
     """Eigenpairs of ``U (diag(d) + sigma z z^T) U^T`` for a basis ``U`` of orthonormal columns.
 
     Args:
-        d: Eigenvalues, any order. # shape: (n,)
+        d: Eigenvalues, any order (ascending is fastest). # shape: (n,)
         u: Basis, column ``i`` for ``d_i``. # shape: (m, n)
         z: ``U^T v``. # shape: (n,)
         sigma: Update weight of either sign.
@@ -332,85 +401,79 @@ def rank_one_basis_update(
     """
     n = d.shape[0]
     dtype, device = d.dtype, d.device
-    eps = torch.finfo(dtype).eps
+    eps = float(torch.finfo(dtype).eps)
     if sigma == 0.0 or n == 0:
         order = torch.argsort(d, stable=True)
         return d[order], u[:, order]
     sgn = -1.0 if sigma < 0 else 1.0
-    ds = d * sgn
-    perm = torch.argsort(ds, stable=True)
-    ds = ds[perm]
-    zs = z[perm] * math.sqrt(abs(sigma))
     # Deflation on the host: O(n) numbers, rotations in a short loop.
-    d_h = ds.detach().cpu().double().numpy().copy()
-    z_h = zs.detach().cpu().double().numpy().copy()
+    d_h = d.detach().cpu().double().numpy() * sgn
+    z_h = z.detach().cpu().double().numpy() * math.sqrt(abs(sigma))
+    perm_h = np.argsort(d_h, kind="stable")
+    d_h, z_h = d_h[perm_h], z_h[perm_h]  # copies
     znorm2 = float(np.dot(z_h, z_h))
     tol = 8.0 * eps * max(float(np.abs(d_h).max()), znorm2)
     active = np.abs(z_h) * math.sqrt(znorm2) > tol
     z_h[~active] = 0.0
     rotations = _deflate_pairs(d_h, z_h, active, tol)
-    perm_h = perm.cpu().numpy()
     if rotations:
-        # Apply the rotations to the touched columns of (a copy of) the basis.
-        touched = sorted(
-            {perm_h[p] for p, _, _, _ in rotations} | {perm_h[j] for _, j, _, _ in rotations}
-        )
-        pos = {col: i for i, col in enumerate(touched)}
-        idx = torch.tensor(touched, device=device)
-        cols = u.index_select(1, idx).mT.cpu().double().numpy().copy()  # rows = columns of U
-        for p, j, c, s in rotations:
-            a, b = pos[perm_h[p]], pos[perm_h[j]]
-            col_p = cols[a].copy()
-            cols[a] = c * col_p - s * cols[b]
-            cols[b] = s * col_p + c * cols[b]
-        u = u.clone()
-        u[:, idx] = torch.from_numpy(cols).to(dtype=dtype, device=device).mT
-    lam_s = torch.from_numpy(d_h).to(dtype=dtype, device=device)  # deflated values stay
+        u = _rotate(u, perm_h, rotations)
+        perm_h = np.arange(n)
     act_idx = np.flatnonzero(active)
     k = act_idx.size
     m = u.shape[0]
+    lam_s = d_h.copy()  # deflated values stay
+    q = None
     if k:
-        act = torch.from_numpy(act_idx).to(device)
-        d_a = lam_s[act]
-        z_a = torch.from_numpy(z_h[act_idx]).to(dtype=dtype, device=device)
-        origin, tau, buf, converged = _solve_secular(d_a, z_a * z_a)
-        if not bool(converged.all()):
+        da_h, za_h = d_h[act_idx], np.abs(z_h[act_idx])
+        d_a = torch.from_numpy(da_h).to(dtype=dtype, device=device)
+        z_a = torch.from_numpy(za_h).to(dtype=dtype, device=device)
+        origin, tau, d0, failed = _solve_secular(d_a, z_a, da_h, za_h)
+        if failed:
             warnings.warn(
-                f"rank_one_eigh_update: {int((~converged).sum())} secular roots did not reach "
-                f"the stopping test in {_MAX_ITER} safeguarded iterations; results may be "
-                "inaccurate.",
+                f"rank_one_eigh_update: {failed} secular roots did not reach the stopping test "
+                f"in {_MAX_ITER} safeguarded iterations; results may be inaccurate.",
                 NumericalWarning,
                 stacklevel=3,
             )
-        lam_s[act] = d_a[origin] + tau
-        # With sigma < 0 the roots descend in lam = -lam_s: build the eigenvectors in reverse.
-        q = _eigenvectors(
-            d_a, z_a, origin, tau, buf, _workspace(1, (k, k), dtype, device), reverse=sgn < 0
-        )
-        cols_a = torch.from_numpy(perm_h[act_idx]).to(device)
-        if k == n and bool((cols_a[1:] > cols_a[:-1]).all()):
-            u_a = u
-        else:
-            u_a = torch.index_select(u, 1, cols_a, out=_workspace(2, (m, k), dtype, device))
-    lam = lam_s * sgn
-    order = torch.argsort(lam, stable=True)
-    lam = lam[order]
+        lam_s[act_idx] = da_h[origin] + tau
+        z_sign = torch.from_numpy(np.where(z_h[act_idx] < 0, -1.0, 1.0)).to(dtype=dtype)
+        scale = max(float(np.abs(da_h).max()), float(np.abs(tau).max()))
+        q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale)
+    lam_h = lam_s * sgn
+    order = np.argsort(lam_h, kind="stable")
+    lam = torch.from_numpy(lam_h[order]).to(dtype=dtype, device=device)
+    cols_a = perm_h[act_idx]  # basis column of each active (sorted) index
     if k == n:
-        return lam, u_a @ q.mT  # the one GEMM
+        # No deflation: the output column of root r is r (sigma > 0) or n - 1 - r (sigma < 0);
+        # permute the k x k factor so that the basis is used as it is: U' = U Q^T.
+        flip_rows = sgn < 0
+        if bool((cols_a[1:] > cols_a[:-1]).all()):
+            dims = (0,) if flip_rows else ()
+        elif bool((cols_a[1:] < cols_a[:-1]).all()):
+            dims = (0, 1) if flip_rows else (1,)
+        else:
+            inv = torch.from_numpy(np.argsort(cols_a)).to(device)
+            q = q.index_select(1, inv)
+            dims = (0,) if flip_rows else ()
+        if dims:
+            q = q.flip(dims)
+        return lam, u @ q.mT  # the one GEMM
     # Interleave the deflated columns (unchanged) with the updated ones, in ascending order.
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(n, device=device)  # output position of sorted index s
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)  # output position of sorted index s
     out = torch.empty(m, n, dtype=dtype, device=device)
     inact_idx = np.flatnonzero(~active)
-    inact = torch.from_numpy(inact_idx).to(device)
     out.index_copy_(
-        1, rank[inact], u.index_select(1, torch.from_numpy(perm_h[inact_idx]).to(device))
+        1,
+        torch.from_numpy(rank[inact_idx]).to(device),
+        u.index_select(1, torch.from_numpy(perm_h[inact_idx]).to(device)),
     )
     if k:
+        u_a = torch.index_select(
+            u, 1, torch.from_numpy(cols_a).to(device), out=_workspace(4, (m, k), dtype, device)
+        )
         # The one GEMM, over the non-deflated columns only.
-        new_a = torch.matmul(u_a, q.mT, out=_workspace(1, (m, k), dtype, device))
-        act_pos = rank[act]
-        if sgn < 0:
-            act_pos = act_pos.flip(0)
-        out.index_copy_(1, act_pos, new_a)
+        new_a = torch.matmul(u_a, q.mT, out=_workspace(5, (m, k), dtype, device))
+        out.index_copy_(1, torch.from_numpy(rank[act_idx]).to(device), new_a)
     return lam, out

@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 import torch
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, LinearKernel
 
 from gpext.errors import (
     DataWarning,
@@ -62,6 +62,12 @@ class IncrementalKPCA(torch.nn.Module):
     the (centred) self-similarity is that small, :math:`\sigma = 4/k` would blow up, so the column
     is appended as :math:`\operatorname{diag}(K, k) + e a'^\top + a' e^\top` with two rank-one
     updates of weight :math:`\pm 1/2` instead (exact for any :math:`k`, no division by it).
+
+    Adding a point costs one kernel row against the stored points plus the rank-one updates: the
+    points sit in a block that grows by doubling (or is sized once with :meth:`reserve`), so no
+    stored point is copied per update, and for an exact ``gpytorch.kernels.LinearKernel`` (no
+    ``active_dims``) the row is ``variance * X x`` computed on the block itself (GPyTorch's
+    ``LinearKernel`` would first copy the scaled ``X``).
 
     Eigenpairs used by :meth:`transform`, :meth:`nystrom` and :meth:`expansion_coefficients`
     follow one documented rule: an eigenpair is kept only if
@@ -133,7 +139,11 @@ class IncrementalKPCA(torch.nn.Module):
         self.degenerate_points: list[dict[str, Any]] = []
         dev = torch.device("cpu") if device is None else torch.device(device)
         kw = {"dtype": dtype, "device": dev}
-        self.register_buffer("_points", torch.empty(0, 0, **kw))
+        # Points live in a growable block (capacity doubles when full, so adding a point costs
+        # O(D) amortised instead of a copy of every stored point); only the first ``_m`` rows
+        # are data, and only those go into the state dict (as ``_points``).
+        self.register_buffer("_store", torch.empty(0, 0, **kw), persistent=False)
+        self._m = 0
         self.register_buffer("_evals", torch.empty(0, **kw))
         self.register_buffer("_evecs", torch.empty(0, 0, **kw))
         self.register_buffer("_diag", torch.empty(0, **kw))
@@ -144,12 +154,12 @@ class IncrementalKPCA(torch.nn.Module):
     @property
     def num_points(self) -> int:
         """Number of points ``m`` added so far."""
-        return int(self._points.shape[0])
+        return self._m
 
     @property
     def points(self) -> torch.Tensor:
-        """The stored points in arrival order. # shape: (m, D)"""
-        return self._points
+        """The stored points in arrival order (a view of the internal storage). # shape: (m, D)"""
+        return self._store[: self._m]
 
     @property
     def eigenvalues(self) -> torch.Tensor:
@@ -167,13 +177,44 @@ class IncrementalKPCA(torch.nn.Module):
     def reset(self) -> IncrementalKPCA:
         """Forget every point (the kernel and the options are kept)."""
         kw = {"dtype": self.dtype, "device": self._evals.device}
-        self._points = torch.empty(0, 0, **kw)
+        self._store = torch.empty(0, 0, **kw)
+        self._m = 0
         self._evals = torch.empty(0, **kw)
         self._evecs = torch.empty(0, 0, **kw)
         self._diag = torch.empty(0, **kw)
         self._row_sums = torch.empty(0, **kw)
         self._total = torch.zeros((), **kw)
         self.degenerate_points = []
+        return self
+
+    def reserve(self, capacity: int, num_features: int) -> IncrementalKPCA:
+        """Preallocate storage for ``capacity`` points of dimension ``num_features``.
+
+        Optional: storage otherwise grows by doubling. With a known number of points (e.g. a
+        fixed budget of collected weight deviations) this avoids the growth copies entirely.
+
+        Args:
+            capacity: Number of points to make room for (at least the current number).
+            num_features: Dimension ``D`` of the points.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ShapeError: If ``num_features`` differs from the stored points.
+        """
+        capacity = check_positive_int(capacity, "IncrementalKPCA.reserve.capacity")
+        num_features = check_positive_int(num_features, "IncrementalKPCA.reserve.num_features")
+        if self._m and num_features != self._store.shape[-1]:
+            raise ShapeError(
+                expected_got(
+                    "IncrementalKPCA.reserve.num_features",
+                    f"{self._store.shape[-1]} like the stored points",
+                    num_features,
+                )
+            )
+        if capacity > self._store.shape[0] or self._store.shape[-1] != num_features:
+            self._grow(max(capacity, self._m), num_features)
         return self
 
     def fit(self, x: torch.Tensor) -> IncrementalKPCA:
@@ -196,7 +237,7 @@ class IncrementalKPCA(torch.nn.Module):
             if self.centered:
                 k = k - k.mean(0, keepdim=True) - k.mean(1, keepdim=True) + k.mean()
             evals, evecs = torch.linalg.eigh((k + k.mT) / 2)
-        self._points, self._diag = x.clone(), diag
+        self._store, self._m, self._diag = x.clone(), x.shape[0], diag
         self._row_sums, self._total = row_sums, row_sums.sum()
         self._evals, self._evecs = evals, evecs
         self._truncate()
@@ -346,20 +387,28 @@ class IncrementalKPCA(torch.nn.Module):
             raise ShapeError(
                 expected_got(f"IncrementalKPCA.{method}.x", "shape (n, D), n >= 1", tuple(x.shape))
             )
-        if self.num_points and x.shape[-1] != self._points.shape[-1]:
+        if self.num_points and x.shape[-1] != self._store.shape[-1]:
             raise ShapeError(
                 expected_got(
                     f"IncrementalKPCA.{method}.x",
-                    f"{self._points.shape[-1]} features like the stored points",
+                    f"{self._store.shape[-1]} features like the stored points",
                     x.shape[-1],
                 )
             )
         if method in ("transform", "nystrom"):
             self._check_fitted()
-        return check_finite(x, f"IncrementalKPCA.{method}.x")
+        if not bool(torch.isfinite(x.sum())):  # one cheap pass; the entry-wise check if needed
+            check_finite(x, f"IncrementalKPCA.{method}.x")
+        return x
 
     def _kernel(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-        out = self.kernel(x1, x2)
+        kernel = self.kernel
+        if type(kernel) is LinearKernel and kernel.active_dims is None and x1.dim() == 2:
+            # k(x, y) = variance x^T y, without the scaled copies of both inputs that
+            # gpytorch's LinearKernel makes (O(m D) per new point for the stored block).
+            var = kernel.variance.reshape(()).to(self.dtype)
+            return (x1 @ x2.mT).mul_(var).to(self.dtype)
+        out = kernel(x1, x2)
         out = out.to_dense() if hasattr(out, "to_dense") else out
         if out.shape != (x1.shape[0], x2.shape[0]):
             raise ShapeError(
@@ -373,7 +422,7 @@ class IncrementalKPCA(torch.nn.Module):
 
     def _cross_kernel(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            k = self._kernel(x, self._points)  # shape: (n, m)
+            k = self._kernel(x, self.points)  # shape: (n, m)
         if self.centered:
             m = self.num_points
             k = k - k.mean(-1, keepdim=True) - (self._row_sums / m) + self._total / m**2
@@ -441,14 +490,21 @@ class IncrementalKPCA(torch.nn.Module):
 
     def _append(self, a: torch.Tensor, k: torch.Tensor, degenerate: bool) -> None:
         """Border the decomposed matrix with column ``a`` and diagonal ``k`` (Eq. 7)."""
-        m = self._evecs.shape[0]
+        m, r = self._evecs.shape
         kk = float(k)
         beta = kk if (degenerate or m == 0) else kk / 4
-        u = torch.zeros(m + 1, self._evecs.shape[1] + 1, dtype=self.dtype, device=k.device)
-        u[:m, :-1] = self._evecs
-        u[m, -1] = 1.0
+        # The new eigenpair (beta, e_{m+1}) goes in at its sorted position, so the updates
+        # below see ascending eigenvalues (no permutation of the basis is needed).
+        p = int(torch.searchsorted(self._evals, k.new_tensor([beta]))) if r else 0
+        u = torch.empty(m + 1, r + 1, dtype=self.dtype, device=k.device)
+        u[:m, :p] = self._evecs[:, :p]
+        u[:m, p + 1 :] = self._evecs[:, p:]
+        u[:m, p] = 0.0
+        u[m] = 0.0
+        u[m, p] = 1.0
         self._evecs = u
-        self._evals = torch.cat([self._evals, k.new_tensor([beta])])
+        beta_t = k.new_tensor([beta])
+        self._evals = torch.cat([self._evals[:p], beta_t, self._evals[p:]])
         if m == 0:
             return
         if not degenerate:
@@ -469,7 +525,7 @@ class IncrementalKPCA(torch.nn.Module):
     def _add_point(self, x: torch.Tensor) -> None:
         m = self.num_points
         k = self._kernel(x, x).reshape(())
-        a = self._kernel(self._points, x).reshape(m) if m else k.new_zeros(0)
+        a = self._kernel(self.points, x).reshape(m) if m else k.new_zeros(0)
         check_finite(k, "IncrementalKPCA.kernel(x, x)")
         check_finite(a, "IncrementalKPCA.kernel(X, x)")
         scale = max(float(self._diag.abs().max()) if m else 0.0, abs(float(k)))
@@ -493,7 +549,10 @@ class IncrementalKPCA(torch.nn.Module):
             self._append(a_c, k_c, degenerate)
         else:
             self._append(a, k, degenerate)
-        self._points = torch.cat([self._points.reshape(m, x.shape[-1]), x], 0)
+        if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
+            self._grow(max(2 * m, 4), x.shape[-1])
+        self._store[m] = x[0]
+        self._m = m + 1
         self._diag = torch.cat([self._diag, k[None]])
         self._row_sums = torch.cat([self._row_sums + a, (a_sum + k)[None]])
         self._total = self._total + 2 * a_sum + k
@@ -521,10 +580,35 @@ class IncrementalKPCA(torch.nn.Module):
         k_c = k - 2 * mu_last + s_new
         return a_c, k_c
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: D401
+    def _grow(self, capacity: int, num_features: int) -> None:
+        """Move the stored points into a block with room for ``capacity`` points."""
+        store = torch.empty(capacity, num_features, dtype=self.dtype, device=self._evals.device)
+        if self._m:
+            store[: self._m] = self._store[: self._m]
+        self._store = store
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        points = self.points
+        destination[prefix + "_points"] = points if keep_vars else points.detach()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):  # noqa: D401
         # The buffers change shape as points arrive: resize them before the copy.
-        for name in ("_points", "_evals", "_evecs", "_diag", "_row_sums", "_total"):
+        for name in ("_evals", "_evecs", "_diag", "_row_sums", "_total"):
             key = prefix + name
             if key in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[key], dtype=self.dtype))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        key = prefix + "_points"
+        if key in state_dict:
+            points = state_dict[key]
+            self._store = points.detach().to(dtype=self.dtype, device=self._evals.device).clone()
+            self._m = int(points.shape[0])
+        elif strict:
+            missing_keys.append(key)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if key in unexpected_keys:  # handled above (not a registered buffer)
+            unexpected_keys.remove(key)

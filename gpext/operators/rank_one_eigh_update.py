@@ -30,10 +30,10 @@ def rank_one_eigh_update(
     the ROU step of Algorithm 3 in the source document (000_..., Sec. III-B). The new
     eigenvalues are the roots of the secular equation
     :math:`1 + \sigma \sum_i z_i^2 / (d_i - \lambda) = 0`, all solved at once (vectorised,
-    safeguarded rational "middle way" iteration, each root kept as an offset from its nearer pole
-    so small eigenvalues keep relative accuracy). Tiny ``|z_i|`` and (nearly) equal ``d_i`` are
-    deflated (the latter with Givens rotations), so repeated eigenvalues and vectors already in an
-    invariant subspace are handled exactly. The eigenvectors use ``z`` recomputed from the roots
+    bracketed fixed-weight rational iteration from a midpoint-based initial guess, each root kept
+    as an offset from its nearer pole so small eigenvalues keep relative accuracy). Tiny
+    ``|z_i|`` and (nearly) equal ``d_i`` are deflated (the latter with Givens rotations), so
+    repeated eigenvalues and vectors already in an invariant subspace are handled exactly. The eigenvectors use ``z`` recomputed from the roots
     (Gu & Eisenstat), with every product formed in log space, and are applied to ``U`` with one
     matrix product, so ``U'`` stays orthogonal to working precision.
 

@@ -152,6 +152,45 @@ class TestIncrementalKPCA:
         torch.testing.assert_close(b.eigenvalues, a.eigenvalues, rtol=0, atol=0)
         torch.testing.assert_close(b.eigenvectors, a.eigenvectors, rtol=0, atol=0)
 
+    def test_growable_storage_and_reserve(self):
+        x = torch.randn(11, 3, generator=self.gen, dtype=D64)
+        kpca = IncrementalKPCA(_rbf())
+        for i in range(11):
+            kpca.update(x[i])
+        assert kpca._store.shape[0] >= 11  # capacity doubles, rows beyond m are spare
+        torch.testing.assert_close(kpca.points, x, rtol=0, atol=0)
+        state = kpca.state_dict()
+        assert state["_points"].shape == (11, 3)
+        other = IncrementalKPCA(_rbf())
+        other.load_state_dict(state)
+        torch.testing.assert_close(other.points, x, rtol=0, atol=0)
+        other.update(x[0] + 1.0)
+        assert other.num_points == 12
+        # reserve: one block, filled in place.
+        pre = IncrementalKPCA(_rbf()).reserve(20, 3)
+        ptr = pre._store.data_ptr()
+        pre.update(x)
+        assert pre._store.data_ptr() == ptr and pre._store.shape == (20, 3)
+        torch.testing.assert_close(pre.eigenvalues, kpca.eigenvalues, rtol=0, atol=1e-12)
+        with pytest.raises(ShapeError, match="like the stored points"):
+            pre.reserve(40, 4)
+        with pytest.raises(InputDataError, match="capacity"):
+            pre.reserve(0, 3)
+
+    def test_linear_kernel_row_matches_gpytorch(self):
+        x = torch.randn(12, 40, generator=self.gen, dtype=D64)
+        linear = gpytorch.kernels.LinearKernel().double()
+        linear.variance = 2.5
+        kpca = IncrementalKPCA(linear).update(x[:10])
+        with torch.no_grad():
+            ref = linear(x[10:], x[:10]).to_dense()
+            full = linear(x, x).to_dense()
+        torch.testing.assert_close(kpca._kernel(x[10:], kpca.points), ref, rtol=1e-13, atol=0)
+        kpca.update(x[10:])
+        torch.testing.assert_close(
+            kpca.eigenvalues, torch.linalg.eigvalsh(full).flip(0), rtol=0, atol=1e-10
+        )
+
     def test_degenerate_points_are_added_and_reported(self):
         x = torch.randn(10, 3, generator=self.gen, dtype=D64)
         kpca = IncrementalKPCA(_rbf(), centered=False).update(x)

@@ -85,6 +85,11 @@ class TestRankOneEighUpdate:
         torch.testing.assert_close(lam, d.sort().values)
         torch.testing.assert_close(u2 @ torch.diag(lam) @ u2.T, u @ torch.diag(d) @ u.T)
         _check(d + 3.0, u, v, 0.5)
+        _check(d + 3.0, u, v, -0.05)  # unsorted input and a negative weight
+        # Descending input (the permutation is a reversal) with both signs.
+        desc = d.sort(descending=True).values + 3.0
+        _check(desc, u, v, 0.5)
+        _check(desc, u, v, -0.05)
 
     def test_batch_mixed_signs(self):
         n, b = 40, 3

@@ -141,12 +141,39 @@ class TestInKPCASubspace:
             sub.update(torch.zeros(7))
 
 
+class TestInKPCAStorage:
+    def test_preallocated_block_is_never_copied(self):
+        dev = _trajectory_like(k=8)
+        sub = InKPCASubspace(rank=2, max_points=10)
+        sub.update(dev[0])
+        ptr = sub.kpca._store.data_ptr()
+        assert sub.kpca._store.shape == (10, 300)
+        for d in dev[1:]:
+            sub.update(d)
+        assert sub.kpca._store.data_ptr() == ptr  # deviations written in place, no torch.cat
+        torch.testing.assert_close(sub.kpca.points, dev, rtol=0, atol=0)
+        ref = PCASubspace(rank=2).fit(dev).projection
+        assert _largest_principal_angle(sub.projection, ref) <= 1e-6
+
+    def test_nan_deviation_is_rejected_before_any_change(self):
+        dev = _trajectory_like(k=4)
+        sub = InKPCASubspace(rank=2).fit(dev)
+        bad = dev[0].clone()
+        bad[7] = float("nan")
+        with pytest.raises(InputDataError, match="1 NaN"):
+            sub.update(bad)
+        assert sub.num_points == 4
+
+
 class TestInKPCAStateDict:
     def test_state_dict_round_trip(self):
         dev = _trajectory_like(k=8)
         sub = InKPCASubspace(rank=3).fit(dev)
         other = InKPCASubspace(rank=3)
-        other.load_state_dict(sub.state_dict())
+        state = sub.state_dict()
+        # Only the stored deviations are saved, not the spare capacity of the block.
+        assert state["kpca._points"].shape == (8, 300)
+        other.load_state_dict(state)
         torch.testing.assert_close(other.projection, sub.projection)
         other.update(dev[0])  # keeps updating incrementally after loading
         assert other.num_points == 9
