@@ -22,7 +22,7 @@ import gpytorch
 import torch
 from torch import nn
 
-from gpext.bench.baselines import SVGPModel, fit_svgp, select_inducing_points
+from gpext.bench.baselines import SVGPModel, select_inducing_points
 from gpext.bench.registry import BenchConfig, Prediction, register_method
 from gpext.data import DatasetSplit
 from gpext.models import InducingGPNetwork
@@ -35,19 +35,28 @@ __all__ = [
     "fit_predict_ign",
     "fit_predict_nn_classifier",
     "fit_predict_svgp",
+    "fit_variational",
     "ign_budget",
     "make_embedding",
 ]
 
 
 def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
-    """The shared budget of one fit: ``num_inducing``, ``epochs``, ``batch_size``, ``lr``."""
+    """The shared budget of one fit.
+
+    ``num_inducing``, ``epochs``, ``batch_size``; Adam with learning rate ``lr`` for network
+    weights and ``gp_lr`` for everything else (inducing points, kernel and likelihood
+    hyperparameters, variational parameters, pseudo-label function), both annealed to zero by
+    a cosine schedule over all minibatch steps (``lr_schedule``).
+    """
     if split.task == "classification":
         return {
             "num_inducing": config.budget(32, 64),
             "epochs": config.budget(3, 10),
             "batch_size": 128,
             "lr": 3e-3,
+            "gp_lr": 0.01,
+            "lr_schedule": "cosine",
         }
     n = split.num_train
     return {
@@ -55,7 +64,57 @@ def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
         "epochs": config.budget(2, 6) if n > 20000 else config.budget(4, 12),
         "batch_size": 256,
         "lr": 5e-3,
+        "gp_lr": 0.02,
+        "lr_schedule": "cosine",
     }
+
+
+def fit_variational(
+    model: nn.Module,
+    likelihood: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    budget: dict,
+    generator: torch.Generator,
+    *,
+    network: nn.Module | None = None,
+    show_progress: bool | None = None,
+    desc: str = "svgp",
+) -> None:
+    """Minibatch Adam on GPyTorch's ELBO with the budget's learning rates and schedule.
+
+    Parameters of ``network`` get ``budget["lr"]``, all others ``budget["gp_lr"]``; the
+    schedule is the one :meth:`gpext.models.InducingGPNetwork.fit` uses, so that the
+    baselines are trained exactly like IGN.
+    """
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
+    net = set() if network is None else {id(p) for p in network.parameters()}
+    params = [*model.parameters(), *likelihood.parameters()]
+    groups = [{"params": [p for p in params if id(p) not in net], "lr": budget["gp_lr"]}]
+    if network is not None:
+        groups.append({"params": list(network.parameters()), "lr": budget["lr"]})
+    opt = torch.optim.Adam(groups)
+    n, bs = x.shape[0], budget["batch_size"]
+    steps = budget["epochs"] * sum(1 for s in range(0, n, bs) if n - s >= 2)
+    sched = None
+    if budget.get("lr_schedule", "constant") == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.0)
+    model.train()
+    likelihood.train()
+    for _ in progress_bar(range(budget["epochs"]), desc=desc, show=show_progress):
+        perm = torch.randperm(n, generator=generator).to(x.device)
+        for start in range(0, n, bs):
+            idx = perm[start : start + bs]
+            if idx.numel() < 2:
+                continue
+            opt.zero_grad()
+            loss = -mll(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+    model.eval()
+    likelihood.eval()
 
 
 def make_embedding(split: DatasetSplit, out_features: int | None = None) -> nn.Module:
@@ -98,7 +157,8 @@ def fit_predict_ign(
     ).to(device=x.device, dtype=x.dtype)
     model.fit(
         x, y, epochs=budget["epochs"], batch_size=budget["batch_size"], lr=budget["lr"],
-        generator=gen, show_progress=config.show_progress,
+        gp_lr=budget["gp_lr"], lr_schedule=budget["lr_schedule"], generator=gen,
+        show_progress=config.show_progress,
     )  # fmt: skip
     if task == "regression":
         mean, var = model.predict(xt)
@@ -170,9 +230,9 @@ def fit_predict_dkl_svgp(
         lik = gpytorch.likelihoods.SoftmaxLikelihood(
             num_features=c, num_classes=c, mixing_weights=False
         ).to(x)
-    fit_svgp(
-        model, lik, x, y, epochs=budget["epochs"], batch_size=budget["batch_size"],
-        lr=budget["lr"], generator=gen, show_progress=config.show_progress, desc="dkl svgp",
+    fit_variational(
+        model, lik, x, y, budget, gen, network=emb, show_progress=config.show_progress,
+        desc="dkl svgp",
     )  # fmt: skip
     with torch.no_grad():
         if c == 1:
@@ -196,10 +256,7 @@ def fit_predict_svgp(
     x, y, xt = _xy(split, config)
     model = SVGPModel(select_inducing_points(x, budget["num_inducing"], gen)).to(x)
     lik = gpytorch.likelihoods.GaussianLikelihood().to(x)
-    fit_svgp(
-        model, lik, x, y, epochs=budget["epochs"], batch_size=budget["batch_size"],
-        lr=max(budget["lr"], 0.02), generator=gen, show_progress=config.show_progress, desc="svgp",
-    )  # fmt: skip
+    fit_variational(model, lik, x, y, budget, gen, show_progress=config.show_progress)
     with torch.no_grad():
         preds = [lik(model(xb)) for xb in xt.split(1024)]
     return Prediction(
@@ -219,14 +276,22 @@ def fit_predict_nn_classifier(
     net = nn.Sequential(emb, nn.ReLU(), nn.Linear(emb.out_features, int(split.num_classes))).to(x)
     opt = torch.optim.Adam(net.parameters(), lr=budget["lr"])
     n, bs = x.shape[0], budget["batch_size"]
+    steps = budget["epochs"] * sum(1 for s in range(0, n, bs) if n - s >= 2)
+    sched = None
+    if budget.get("lr_schedule", "constant") == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.0)
     net.train()
     for _ in progress_bar(range(budget["epochs"]), desc="nn", show=config.show_progress):
         perm = torch.randperm(n, generator=gen).to(x.device)
         for start in range(0, n, bs):
             idx = perm[start : start + bs]
+            if idx.numel() < 2:
+                continue
             opt.zero_grad()
             nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
             opt.step()
+            if sched is not None:
+                sched.step()
     net.eval()
     with torch.no_grad():
         probs = torch.cat([torch.softmax(net(xb), -1) for xb in xt.split(1024)])

@@ -66,6 +66,7 @@ class TestInducingGPNetworkRegression:
 
     def test_loss_is_scaled_eq5(self):
         model = _regression_model()
+        model.minibatch_covariance = "full"
         x, y = torch.randn(9, 2, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
         mean, cov = _dense_eq7(model, x)
         noise = float(model.likelihood.noise.detach())
@@ -165,6 +166,55 @@ class TestInducingGPNetworkRegression:
             model.fit(x, torch.randn(4, dtype=torch.float64), epochs=1, batch_size=1)
 
 
+class TestInducingGPNetworkFitOptions:
+    def setup_method(self):
+        torch.manual_seed(40)
+
+    @staticmethod
+    def _data(dtype=torch.float64):
+        gen = torch.Generator().manual_seed(1)
+        x = torch.rand(240, 1, generator=gen, dtype=dtype) * 6 - 3
+        y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(240, generator=gen, dtype=dtype)
+        return x, y
+
+    def test_early_stopping_restores_the_best_validation_epoch(self):
+        x, y = self._data()
+        torch.manual_seed(0)
+        model = InducingGPNetwork(MLP(1, [16], 2), num_inducing=8).double()
+        model.fit(
+            x, y, epochs=6, batch_size=50, lr=2e-2, validation_fraction=0.25,
+            generator=torch.Generator().manual_seed(5),
+        )  # fmt: skip
+        assert len(model.validation_history_) == 6
+        # the hold-out is the first randperm drawn from the generator
+        perm = torch.randperm(240, generator=torch.Generator().manual_seed(5))[:60]
+        score = model._validation_nll(x[perm], y[perm])
+        np.testing.assert_allclose(score, min(model.validation_history_), rtol=1e-10)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_cosine_schedule_and_gp_lr(self, dtype):
+        x, y = self._data(dtype)
+        torch.manual_seed(0)
+        model = InducingGPNetwork(MLP(1, [32], 2), num_inducing=16).to(dtype)
+        hist = model.fit(
+            x, y, epochs=30, batch_size=60, lr=1e-2, gp_lr=5e-2, lr_schedule="cosine",
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        assert hist[-1] < hist[0]
+        mean, _ = model.predict(x)
+        assert float(((mean - y) ** 2).mean().sqrt()) < 0.25
+        # a 0.05 GP learning rate moves the noise far below its 0.69 start in 120 steps
+        assert float(model.likelihood.noise) < 0.1
+
+    def test_fit_option_errors(self):
+        x, y = self._data()
+        model = InducingGPNetwork(MLP(1, [4], 2), num_inducing=4).double()
+        with pytest.raises(InputDataError, match="lr_schedule"):
+            model.fit(x, y, epochs=1, lr_schedule="step")
+        with pytest.raises(InputDataError, match="validation_fraction"):
+            model.fit(x, y, epochs=1, validation_fraction=0.7)
+
+
 class TestInducingGPNetworkClassification:
     def setup_method(self):
         torch.manual_seed(30)
@@ -228,8 +278,9 @@ class TestInducingGPNetworkClassification:
     def test_one_vs_all_loss_is_sum_of_binary_laplace(self):
         torch.manual_seed(0)
         model = InducingGPNetwork(
-            MLP(2, [4], 3), num_inducing=4, task="one_vs_all", num_classes=3
-        ).double()
+            MLP(2, [4], 3), num_inducing=4, task="one_vs_all", num_classes=3,
+            minibatch_covariance="full",
+        ).double()  # fmt: skip
         x = torch.randn(8, 2, dtype=torch.float64)
         y = torch.tensor([0, 1, 2, 2, 1, 0, 0, 1])
         prior = model(x)
@@ -255,6 +306,7 @@ class TestInducingGPNetworkClassification:
             MLP(2, [16], 3), num_inducing=6, task="dirichlet", num_classes=3
         ).double()
         # the loss is the heteroscedastic Eq. 5 summed over the class heads
+        model.minibatch_covariance = "full"
         xb, yb = x[::10], y[::10]
         prior = model(xb)
         t = DirichletTransform(3)(yb, dtype=torch.float64, class_dim=-2)
@@ -265,6 +317,7 @@ class TestInducingGPNetworkClassification:
                 t.targets[c].numpy()
             )
         np.testing.assert_allclose(float(model.loss(xb, yb).detach()), ref / len(yb), rtol=1e-8)
+        model.minibatch_covariance = "independent"
         model.fit(
             x, y, epochs=15, batch_size=40, lr=1e-2, generator=torch.Generator().manual_seed(0)
         )
@@ -272,6 +325,21 @@ class TestInducingGPNetworkClassification:
         assert probs.shape == (120, 3)
         torch.testing.assert_close(probs.sum(-1), torch.ones(120, dtype=torch.float64))
         assert float((probs.argmax(-1) == y).double().mean()) > 0.95
+
+    @pytest.mark.parametrize("task", ["binary", "one_vs_all", "dirichlet"])
+    def test_independent_loss_is_mean_of_single_point_losses(self, task):
+        torch.manual_seed(3)
+        kwargs = {} if task == "binary" else {"num_classes": 3}
+        model = InducingGPNetwork(MLP(2, [4], 3), num_inducing=4, task=task, **kwargs).double()
+        with torch.no_grad():
+            model.gp.pseudo_label_weight.normal_()
+        assert model.minibatch_covariance == "independent"  # the default
+        x = torch.randn(7, 2, dtype=torch.float64)
+        y = torch.tensor([0, 1, 1, 0, 1, 0, 1]) if task == "binary" else torch.arange(7) % 3
+        independent = float(model.loss(x, y))
+        model.minibatch_covariance = "full"
+        singles = [float(model.loss(x[i : i + 1], y[i : i + 1])) for i in range(7)]
+        np.testing.assert_allclose(independent, np.mean(singles), rtol=1e-8)
 
     def test_label_errors(self):
         with pytest.raises(InputDataError, match="num_classes"):
