@@ -20,6 +20,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DataFormatError",
     "NumericalError",
+    "MissingExtraError",
     "GpextWarning",
     "NumericalWarning",
     "DataWarning",
@@ -57,6 +58,10 @@ class DataFormatError(InputDataError):
 
 class NumericalError(GpextError, RuntimeError):
     """A numerical procedure failed (non-PSD matrix, failed factorisation, NaN result)."""
+
+
+class MissingExtraError(GpextError, ImportError):
+    """An optional dependency of gpext (an extra such as ``gpext[botorch]``) is not installed."""
 
 
 class GpextWarning(UserWarning):

@@ -13,6 +13,7 @@ from gpext import errors
         (errors.DataFormatError, ValueError),
         (errors.NumericalError, RuntimeError),
         (errors.NotFittedError, RuntimeError),
+        (errors.MissingExtraError, ImportError),
     ],
 )
 def test_errors_subclass_base_and_builtin(cls, builtin):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import gpytorch
 import torch
+from linear_operator.utils.errors import NanError, NotPSDError
 
-from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
+from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError, expected_got
 from gpext.utils import check_finite, check_positive_int
 
 __all__ = ["RBFHyperparameters", "fit_rbf_hyperparameters"]
@@ -84,7 +86,12 @@ def fit_rbf_hyperparameters(
 
     Raises:
         ShapeError: If shapes disagree.
-        NumericalError: If the fit produced non-finite hyperparameters.
+        NumericalError: If the fit produced non-finite hyperparameters even after the fallback.
+
+    Warns:
+        NumericalWarning: If the L-BFGS fit failed (a NaN loss or hyperparameter, or a failed
+            Cholesky factorisation, seen on data sets of 10-20 points) and the fit was redone
+            with Adam (at least 100 steps at ``lr``) from the initial values.
 
     Example:
         >>> x = torch.randn(100, 2, dtype=torch.float64)
@@ -121,18 +128,41 @@ def fit_rbf_hyperparameters(
     idx = torch.randperm(n, generator=generator)[: min(n, num_points)].to(x.device)
     xs = x[idx].expand(c, -1, -1)  # shape: (C, m, d)
     ys = y[idx].T.contiguous()  # shape: (C, m)
+    hp = _fit_once(xs, ys, noise, idx, x.shape[-1], optimizer, num_iters, lr)
+    if hp is None and optimizer == "lbfgs":
+        # L-BFGS's line search can step into a region where the Cholesky fails or the loss is
+        # NaN (seen on 10-20 point data sets); restart from the initial values with Adam.
+        warnings.warn(
+            "fit_rbf_hyperparameters: the L-BFGS marginal-likelihood fit produced non-finite "
+            "values or a failed Cholesky factorisation; falling back to Adam from the initial "
+            "hyperparameters.",
+            NumericalWarning,
+            stacklevel=2,
+        )
+        hp = _fit_once(xs, ys, noise, idx, x.shape[-1], "adam", max(num_iters, 100), lr)
+    if hp is None:
+        raise NumericalError(
+            f"fit_rbf_hyperparameters: the marginal-likelihood fit ({optimizer}) produced "
+            "non-finite hyperparameters. Standardise the inputs, lower lr, or pass fixed "
+            "hyperparameters."
+        )
+    return hp
+
+
+def _fit_once(xs, ys, noise, idx, dim, optimizer, num_iters, lr) -> RBFHyperparameters | None:
+    """One marginal-likelihood fit from the default initial values; ``None`` if it failed."""
     if noise is None:
-        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(xs)
     else:
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(
             noise=noise[idx].T.contiguous(), learn_additional_noise=False
-        ).to(x)
-    model = _SharedKernelGP(xs, ys, likelihood).to(x)
+        ).to(xs)
+    model = _SharedKernelGP(xs, ys, likelihood).to(xs)
     with torch.no_grad():
         model.mean_module.constant.copy_(ys.mean(-1))
         model.covar_module.outputscale = ys.var(-1).mean().clamp_min(1e-3)
         model.covar_module.base_kernel.lengthscale = torch.full_like(
-            model.covar_module.base_kernel.lengthscale, float(x.shape[-1]) ** 0.5
+            model.covar_module.base_kernel.lengthscale, float(dim) ** 0.5
         )
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     model.train()
@@ -149,12 +179,15 @@ def fit_rbf_hyperparameters(
         loss.backward()
         return loss
 
-    with gpytorch.settings.max_cholesky_size(10**5):
-        if optimizer == "lbfgs":
-            opt.step(closure)
-        else:
-            for _ in range(num_iters):
+    try:
+        with gpytorch.settings.max_cholesky_size(10**5):
+            if optimizer == "lbfgs":
                 opt.step(closure)
+            else:
+                for _ in range(num_iters):
+                    opt.step(closure)
+    except (NotPSDError, NanError):
+        return None
     kern = model.covar_module
     hp = RBFHyperparameters(
         lengthscale=kern.base_kernel.lengthscale.detach().reshape(-1).clone(),
@@ -162,9 +195,9 @@ def fit_rbf_hyperparameters(
         mean=model.mean_module.constant.detach().reshape(-1).clone(),
         noise=None if noise is not None else float(likelihood.noise.detach()),
     )
-    if not (bool(torch.isfinite(hp.lengthscale).all()) and bool(torch.isfinite(hp.mean).all())):
-        raise NumericalError(
-            "fit_rbf_hyperparameters: the marginal-likelihood fit produced non-finite "
-            "hyperparameters. Standardise the inputs or lower lr."
-        )
+    values = [hp.lengthscale, hp.mean, torch.tensor([hp.outputscale])]
+    if hp.noise is not None:
+        values.append(torch.tensor([hp.noise]))
+    if not all(bool(torch.isfinite(v).all()) for v in values):
+        return None
     return hp

@@ -167,3 +167,33 @@ class TestVBootRFFErrors:
             reg.predict_proba(x)
         with pytest.raises(InputDataError, match="finite positive"):
             VBootRFF(20, 2, lengthscale=1.0, outputscale=1.0, noise=-1.0).fit(x, x[:, 0])
+
+
+class TestHyperparameterFallback:
+    """L-BFGS diverges on some tiny data sets; the fit falls back to Adam and says so."""
+
+    @staticmethod
+    def _hartmann6_sobol(seed, n):
+        hartmann = pytest.importorskip("botorch.test_functions").Hartmann(dim=6)
+        x = torch.quasirandom.SobolEngine(6, scramble=True, seed=seed).draw(n).double()
+        return x, -hartmann(x)
+
+    def test_lbfgs_failure_falls_back_to_adam_with_warning(self):
+        from gpext.bootstrap import fit_rbf_hyperparameters
+        from gpext.errors import NumericalWarning
+
+        x, y = self._hartmann6_sobol(seed=27, n=10)  # L-BFGS's line search reaches NaN here
+        with pytest.warns(NumericalWarning, match="falling back to Adam"):
+            hp = fit_rbf_hyperparameters(x, y)
+        assert torch.isfinite(hp.lengthscale).all() and hp.noise is not None and hp.noise > 0
+        with pytest.warns(NumericalWarning, match="falling back to Adam"):
+            model = VBootRFF(num_features=64, num_particles=8).fit(x, y)
+        means, variances = model.predict_mixture(x)
+        assert torch.isfinite(means).all() and (variances > 0).all()
+
+    def test_adam_is_not_used_when_lbfgs_succeeds(self, recwarn):
+        from gpext.bootstrap import fit_rbf_hyperparameters
+
+        x, y = _regression_data(torch.float64)
+        fit_rbf_hyperparameters(x, y)
+        assert not [w for w in recwarn if "falling back" in str(w.message)]

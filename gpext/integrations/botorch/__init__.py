@@ -1,0 +1,49 @@
+"""BoTorch integration: gpext models as BoTorch surrogates (needs ``pip install gpext[botorch]``).
+
+* GP adapters (``GPyTorchPosterior``): :class:`IGNSurrogate`,
+  :class:`DirichletClassifierSurrogate`, :class:`GWISurrogate` (regression and robust-max
+  classification); base class :class:`LatentGPSurrogate`.
+* Ensemble adapters (``EnsemblePosterior``): :class:`WeightEnsembleSurrogate` (SWAG,
+  MultiSWAG, subspace ESS / VI) and :class:`VBootSurrogate` (VBoot-RFF, VBoot-MLP); base class
+  :class:`SampleEnsembleSurrogate`.
+* Fitting: :func:`fit_gpext_surrogate` (``fit_gpytorch_mll`` conventions) and
+  :func:`fit_weight_ensemble`.
+* Constraints: :class:`FeasibilityWeightedAcquisition` (a classifier as the feasibility model).
+"""
+
+from gpext.integrations.botorch._requirements import MissingExtraError, require_botorch
+
+require_botorch()
+
+from gpext.integrations.botorch.dirichlet_classifier_surrogate import (  # noqa: E402
+    DirichletClassifierSurrogate,
+)
+from gpext.integrations.botorch.feasibility_weighted_acquisition import (  # noqa: E402
+    FeasibilityWeightedAcquisition,
+)
+from gpext.integrations.botorch.fit_gpext_surrogate import fit_gpext_surrogate  # noqa: E402
+from gpext.integrations.botorch.fit_weight_ensemble import fit_weight_ensemble  # noqa: E402
+from gpext.integrations.botorch.gwi_surrogate import GWISurrogate  # noqa: E402
+from gpext.integrations.botorch.ign_surrogate import IGNSurrogate  # noqa: E402
+from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate  # noqa: E402
+from gpext.integrations.botorch.sample_ensemble_surrogate import (  # noqa: E402
+    SampleEnsembleSurrogate,
+)
+from gpext.integrations.botorch.vboot_surrogate import VBootSurrogate  # noqa: E402
+from gpext.integrations.botorch.weight_ensemble_surrogate import (  # noqa: E402
+    WeightEnsembleSurrogate,
+)
+
+__all__ = [
+    "DirichletClassifierSurrogate",
+    "FeasibilityWeightedAcquisition",
+    "GWISurrogate",
+    "IGNSurrogate",
+    "LatentGPSurrogate",
+    "MissingExtraError",
+    "SampleEnsembleSurrogate",
+    "VBootSurrogate",
+    "WeightEnsembleSurrogate",
+    "fit_gpext_surrogate",
+    "fit_weight_ensemble",
+]

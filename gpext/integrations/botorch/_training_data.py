@@ -1,0 +1,92 @@
+"""Training data and transforms of the adapters, stored the way BoTorch models store them."""
+
+from __future__ import annotations
+
+import torch
+from botorch.models.model import Model
+
+from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.integrations.botorch._checks import check_query
+
+__all__ = ["attach_training_data", "labels_from_targets"]
+
+
+def attach_training_data(
+    model: Model,
+    train_X: torch.Tensor | None,
+    train_Y: torch.Tensor | None,
+    input_transform: torch.nn.Module | None,
+    outcome_transform: torch.nn.Module | None,
+    *,
+    input_dim: int | None,
+    what: str,
+) -> None:
+    """Set ``input_transform``, ``outcome_transform``, ``train_X`` and ``train_Y`` on ``model``.
+
+    As in BoTorch's ``SingleTaskGP``, the input transform is called once on ``train_X`` in train
+    mode (so that e.g. ``Normalize(learn_bounds=True)`` learns its bounds) and the outcome
+    transform is applied to ``train_Y`` once, here; ``model.train_Y`` holds the transformed
+    targets.
+
+    Args:
+        model: The adapter.
+        train_X: Training inputs or ``None``. # shape: (n, d)
+        train_Y: Training targets or ``None``. # shape: (n, m)
+        input_transform: BoTorch ``InputTransform`` or ``None``.
+        outcome_transform: BoTorch ``OutcomeTransform`` or ``None``.
+        input_dim: Expected ``d``.
+        what: Adapter name for messages.
+
+    Raises:
+        ShapeError: If the data do not have the shapes ``(n, d)`` and ``(n, m)``.
+    """
+    if input_transform is not None:
+        model.input_transform = input_transform
+    if outcome_transform is not None:
+        model.outcome_transform = outcome_transform
+    model.train_X, model.train_Y = None, None
+    if (train_X is None) != (train_Y is None):
+        raise InputDataError(
+            expected_got(f"{what}(train_X, train_Y)", "both or neither", "only one of them")
+        )
+    if train_X is None:
+        return
+    check_query(train_X, input_dim, None, f"{what}.train_X")
+    if train_X.dim() != 2 or train_Y.dim() != 2 or train_Y.shape[0] != train_X.shape[0]:
+        raise ShapeError(
+            expected_got(
+                f"{what}(train_X, train_Y)",
+                "train_X of shape (n, d) and train_Y of shape (n, m) (BoTorch convention: an "
+                "explicit output dimension)",
+                f"{tuple(train_X.shape)} and {tuple(train_Y.shape)}",
+                "Use train_Y.unsqueeze(-1) for a single output.",
+            )
+        )
+    if input_transform is not None:
+        model.train()
+        with torch.no_grad():
+            model.transform_inputs(train_X)
+    if outcome_transform is not None:
+        outcome_transform.train()
+        train_Y, _ = outcome_transform(train_Y, X=train_X)
+    model.train_X, model.train_Y = train_X, train_Y
+    model.eval()
+
+
+def labels_from_targets(train_Y: torch.Tensor, num_classes: int, what: str) -> torch.Tensor:
+    """Class labels ``(n,)`` from BoTorch-style targets ``(n, 1)`` holding whole numbers.
+
+    Raises:
+        ShapeError: If ``train_Y`` is not ``(n, 1)``.
+        InputDataError: If the values are not whole numbers in ``[0, num_classes)``.
+    """
+    if train_Y.dim() != 2 or train_Y.shape[-1] != 1:
+        raise ShapeError(
+            expected_got(f"{what} train_Y", "labels of shape (n, 1)", tuple(train_Y.shape))
+        )
+    y = train_Y.squeeze(-1)
+    if bool((y != y.round()).any()) or bool(((y < 0) | (y >= num_classes)).any()):
+        raise InputDataError(
+            expected_got(f"{what} train_Y", f"whole numbers in [0, {num_classes})", "other values")
+        )
+    return y.round().long()

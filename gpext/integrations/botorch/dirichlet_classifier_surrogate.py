@@ -1,0 +1,138 @@
+r"""BoTorch adapter of :class:`gpext.models.DirichletGPClassifier`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
+
+from gpext.errors import InputTypeError, NotFittedError, NumericalError, expected_got
+from gpext.integrations.botorch._training_data import labels_from_targets
+from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
+from gpext.models import DirichletGPClassifier
+
+__all__ = ["DirichletClassifierSurrogate"]
+
+
+def _chol(mat: torch.Tensor, what: str) -> torch.Tensor:
+    chol, info = torch.linalg.cholesky_ex(mat)
+    if bool((info > 0).any()):
+        raise NumericalError(
+            f"DirichletClassifierSurrogate: Cholesky factorisation of {what} failed (not positive "
+            "definite). Use float64 or a larger jitter of the classifier."
+        )
+    return chol
+
+
+class DirichletClassifierSurrogate(LatentGPSurrogate):
+    r"""A :class:`~gpext.models.DirichletGPClassifier` as a BoTorch model with ``C`` latent outputs.
+
+    Latent function ``c`` is a GP regression on the Dirichlet-transformed targets
+    :math:`\tilde{\mathbf y}_c` with per-point noise :math:`\mathbf D_c = \operatorname{diag}(
+    \sigma^2_{c\cdot} + s^2)` (001 Eqs. 10-11).  The adapter returns its *joint* posterior
+    over the ``q`` query points (the classifier's own ``predict_latent`` gives marginals):
+
+    .. math::
+
+        \mathbf f_c(X) \mid \mathcal D \sim \mathcal N\big(\mu_c + K_{X\cdot}(K + \mathbf D_c)^{-1}
+            (\tilde{\mathbf y}_c - \mu_c),\ K_{XX} - K_{X\cdot}(K + \mathbf D_c)^{-1}K_{\cdot X}\big)
+
+    for the exact classifier, and Titsias' collapsed posterior
+    :math:`K_{XX} - Q_{XX} + K_{XZ}(K_{ZZ} + K_{ZN}\mathbf D_c^{-1}K_{NZ})^{-1}K_{ZX}` (mean
+    :math:`K_{XZ}(\cdot)^{-1}K_{ZN}\mathbf D_c^{-1}\tilde{\mathbf y}_c`) for the sparse one.
+    :meth:`class_probabilities` gives :math:`\mathbb E[\mathrm{softmax}(\mathbf f)]` by the
+    deterministic approximation of :class:`~gpext.likelihoods.DirichletTransform` (differentiable,
+    so it can weight an acquisition function: see
+    :class:`~gpext.integrations.botorch.FeasibilityWeightedAcquisition`).
+
+    Args:
+        model: The classifier (fitted, or fitted by
+            :func:`~gpext.integrations.botorch.fit_gpext_surrogate`).
+        train_X: Training inputs for ``fit_gpext_surrogate``. # shape: (n, d)
+        train_Y: Class labels as whole numbers. # shape: (n, 1)
+        input_transform: BoTorch ``InputTransform``.
+
+    Raises:
+        InputTypeError: If ``model`` is not a ``DirichletGPClassifier``.
+
+    Example:
+        >>> clf = DirichletClassifierSurrogate(DirichletGPClassifier(2), train_X=X, train_Y=labels)
+        >>> clf = fit_gpext_surrogate(clf, max_iter=50)
+        >>> clf.class_probabilities(torch.rand(4, 1, X.shape[-1], dtype=X.dtype)).shape
+        torch.Size([4, 1, 2])
+    """
+
+    def __init__(
+        self,
+        model: DirichletGPClassifier,
+        *,
+        train_X: torch.Tensor | None = None,
+        train_Y: torch.Tensor | None = None,
+        input_transform: torch.nn.Module | None = None,
+    ) -> None:
+        if not isinstance(model, DirichletGPClassifier):
+            raise InputTypeError(
+                expected_got(
+                    "DirichletClassifierSurrogate.model",
+                    "a DirichletGPClassifier",
+                    type(model).__name__,
+                )
+            )
+        super().__init__(train_X=train_X, train_Y=train_Y, input_transform=input_transform)
+        self.model = model
+        self._num_outputs = model.num_classes
+
+    def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
+        labels = labels_from_targets(Y, self.model.num_classes, "DirichletClassifierSurrogate")
+        self.model.fit(X, labels, **kwargs)
+
+    def _training_set(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        train = self.model._train
+        if train is None:
+            raise NotFittedError("DirichletClassifierSurrogate: fit the classifier first.")
+        x = train["x"].to(X)
+        values = self.model.transform.values()
+        onehot = torch.nn.functional.one_hot(train["labels"], self.model.num_classes).T.to(X)
+        mu = self.model.class_means.to(X).unsqueeze(-1)  # shape: (C, 1)
+        resid = values["neg_target"] + (values["pos_target"] - values["neg_target"]) * onehot - mu
+        extra = self.model.extra_noise.to(X)
+        noise = values["neg_noise"] + (values["pos_noise"] - values["neg_noise"]) * onehot + extra
+        return x, resid, noise  # shapes: (N, D), (C, N), (C, N)
+
+    def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+        x, resid, noise = self._training_set(X)
+        kernel = self.model.kernel
+        k_ss = kernel(X).to_dense().unsqueeze(-3)  # shape: (*b, 1, q, q)
+        mu = self.model.class_means.to(X).unsqueeze(-1)  # shape: (C, 1)
+        z = self.model.inducing_points
+        if z is None:
+            k_ns = kernel(x, X).to_dense().unsqueeze(-3)  # shape: (*b, 1, N, q)
+            chol = _chol(kernel(x).to_dense() + torch.diag_embed(noise), "K + D_c")  # (C, N, N)
+            alpha = torch.cholesky_solve(resid.unsqueeze(-1), chol)  # shape: (C, N, 1)
+            mean = (k_ns.transpose(-1, -2) @ alpha).squeeze(-1) + mu
+            w = torch.linalg.solve_triangular(chol, k_ns, upper=False)  # shape: (*b, C, N, q)
+            cov = k_ss - w.transpose(-1, -2) @ w
+        else:
+            z = z.to(X)
+            m = z.shape[0]
+            eye = torch.eye(m, dtype=X.dtype, device=X.device)
+            chol_m = _chol(kernel(z).to_dense() + self.model.jitter * eye, "K_ZZ")
+            v = torch.linalg.solve_triangular(chol_m, kernel(z, x).to_dense(), upper=False)
+            v_s = torch.linalg.solve_triangular(chol_m, kernel(z, X).to_dense(), upper=False)
+            v_s = v_s.unsqueeze(-3)  # shape: (*b, 1, M, q)
+            b = eye + (v / noise.unsqueeze(-2)) @ v.T  # shape: (C, M, M)
+            chol_b = _chol(b, "I + V D_c^-1 V^T")
+            rhs = v @ (resid / noise).unsqueeze(-1)  # shape: (C, M, 1)
+            coef = torch.cholesky_solve(rhs, chol_b)
+            mean = (v_s.transpose(-1, -2) @ coef).squeeze(-1) + mu
+            t = torch.linalg.solve_triangular(chol_b, v_s, upper=False)  # shape: (*b, C, M, q)
+            cov = k_ss - v_s.transpose(-1, -2) @ v_s + t.transpose(-1, -2) @ t
+        cov = 0.5 * (cov + cov.transpose(-1, -2))
+        return MultivariateNormal(mean, DenseLinearOperator(cov))
+
+    def _class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
+        mvn = self._latent(X)
+        mean, var = mvn.mean.transpose(-1, -2), mvn.variance.clamp_min(0.0).transpose(-1, -2)
+        return self.model.transform.class_probs(mean, var, method="approx")

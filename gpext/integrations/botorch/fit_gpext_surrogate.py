@@ -1,0 +1,68 @@
+"""Fit helper of the adapters, following the conventions of ``botorch.fit.fit_gpytorch_mll``."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+
+from gpext.errors import InputTypeError, NotFittedError, expected_got
+from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
+from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
+
+__all__ = ["fit_gpext_surrogate"]
+
+SurrogateT = TypeVar("SurrogateT", LatentGPSurrogate, SampleEnsembleSurrogate)
+
+
+def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
+    r"""Fit the gpext model inside an adapter on the adapter's training data.
+
+    Like :func:`botorch.fit.fit_gpytorch_mll`, it takes the object to fit, puts it in train
+    mode, fits it in place, puts it back in eval mode and returns it.  The training inputs pass
+    through the adapter's input transform in train mode (so ``Normalize`` learns its bounds) and
+    the targets are the outcome-transformed ``train_Y`` stored at construction; the wrapped
+    model's own ``fit`` does the work, with ``fit_kwargs`` passed on:
+
+    * :class:`IGNSurrogate` -> ``InducingGPNetwork.fit(X, y, **fit_kwargs)`` (``epochs``, ...);
+    * :class:`DirichletClassifierSurrogate` -> ``DirichletGPClassifier.fit`` (``max_iter``, ...);
+    * :class:`GWISurrogate` -> ``GWIModel.fit(likelihood, X, y, **fit_kwargs)`` (``epochs`` ...);
+    * :class:`VBootSurrogate` -> ``VBootRFF.fit`` / ``VBootMLP.fit``.
+
+    Weight ensembles (SWAG, subspace) are trained by
+    :func:`~gpext.integrations.botorch.fit_weight_ensemble`.
+
+    Args:
+        model: An adapter built with ``train_X`` and ``train_Y``.
+        **fit_kwargs: Keyword arguments of the wrapped model's ``fit``.
+
+    Returns:
+        ``model``, fitted and in eval mode.
+
+    Raises:
+        InputTypeError: If ``model`` is not a gpext adapter.
+        NotFittedError: If the adapter has no training data, or its model cannot be refitted.
+
+    Example:
+        >>> model = IGNSurrogate(ign, train_X=X, train_Y=Y, input_transform=Normalize(d))
+        >>> model = fit_gpext_surrogate(model, epochs=100, batch_size=32)
+    """
+    if not isinstance(model, (LatentGPSurrogate, SampleEnsembleSurrogate)):
+        raise InputTypeError(
+            expected_got(
+                "fit_gpext_surrogate(model)",
+                "a gpext BoTorch adapter (LatentGPSurrogate or SampleEnsembleSurrogate)",
+                type(model).__name__,
+            )
+        )
+    if getattr(model, "train_X", None) is None:
+        raise NotFittedError(
+            f"fit_gpext_surrogate: {type(model).__name__} has no training data; build it with "
+            "train_X and train_Y."
+        )
+    model.train()
+    with torch.no_grad():
+        X = model.transform_inputs(model.train_X)
+    model._fit_wrapped(X, model.train_Y.detach(), **fit_kwargs)
+    model.eval()
+    return model

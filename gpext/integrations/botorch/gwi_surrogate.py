@@ -1,0 +1,130 @@
+r"""BoTorch adapter of the GWI models (:class:`gpext.models.GWIRegressionModel` and
+:class:`gpext.models.GWIClassificationModel` with its robust-max likelihood)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
+
+from gpext.errors import InputTypeError, expected_got
+from gpext.integrations.botorch._training_data import labels_from_targets
+from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
+from gpext.models import GWIClassificationModel, GWIModel, GWIRegressionModel
+
+__all__ = ["GWISurrogate"]
+
+
+class GWISurrogate(LatentGPSurrogate):
+    r"""A fitted GWI model as a BoTorch model: :math:`\mathbb Q = \mathcal{GP}(m_Q, r)` at ``X``.
+
+    Regression (one output): the posterior is :math:`\mathcal N(m_Q(X),\ T\, r(X, X))` and
+    ``observation_noise=True`` adds :math:`T\sigma^2`, so its marginals equal the model's own
+    tempered predictive :math:`(m_Q(x), T(r(x, x) + \sigma^2))` (003 section 2.2).
+    Classification (``J`` outputs, one latent per class): the posterior is
+    :math:`\mathbb Q_j` untempered (the temperature of a classifier scales its log
+    probabilities, not the latents), and :meth:`class_probabilities` are the tempered
+    robust-max probabilities of :meth:`GWIClassificationModel.predict_proba`.
+
+    .. math::
+
+        r(x, x') = k(x, x') - k_{xZ}K_{ZZ}^{-1}k_{Zx'} + k_{xZ} L L^\top k_{Zx'}
+
+    Args:
+        model: A fitted :class:`~gpext.models.GWIRegressionModel` or
+            :class:`~gpext.models.GWIClassificationModel`.
+        likelihood: Its likelihood (Gaussian, or :class:`~gpext.likelihoods.RobustMaxLikelihood`).
+        train_X: Training inputs for ``fit_gpext_surrogate`` (which calls ``model.fit``).
+        train_Y: Targets ``(n, 1)`` (class labels for classification).
+        input_transform: BoTorch ``InputTransform``.
+        outcome_transform: BoTorch ``OutcomeTransform`` (regression only).
+
+    Raises:
+        InputTypeError: If ``model`` is not a GWI model.
+
+    Example:
+        >>> gwi, lik = GWIRegressionModel.from_data(X, Y.squeeze(-1))
+        >>> model = fit_gpext_surrogate(GWISurrogate(gwi, lik, train_X=X, train_Y=Y), epochs=50)
+    """
+
+    def __init__(
+        self,
+        model: GWIModel,
+        likelihood: gpytorch.likelihoods.Likelihood,
+        *,
+        train_X: torch.Tensor | None = None,
+        train_Y: torch.Tensor | None = None,
+        input_transform: torch.nn.Module | None = None,
+        outcome_transform: torch.nn.Module | None = None,
+    ) -> None:
+        if not isinstance(model, (GWIRegressionModel, GWIClassificationModel)):
+            raise InputTypeError(
+                expected_got(
+                    "GWISurrogate.model",
+                    "a GWIRegressionModel or GWIClassificationModel",
+                    type(model).__name__,
+                )
+            )
+        self._input_dim = int(model.variational_strategy.inducing_points.shape[-1])
+        super().__init__(
+            train_X=train_X,
+            train_Y=train_Y,
+            input_transform=input_transform,
+            outcome_transform=outcome_transform,
+        )
+        self.model = model
+        self.likelihood = likelihood
+        self._classifier = isinstance(model, GWIClassificationModel)
+        self._num_outputs = int(model.num_latents) if self._classifier else 1
+
+    def _q(self, X: torch.Tensor) -> MultivariateNormal:
+        self.model._check_fitted()
+        self.model.eval()
+        if not self._classifier:
+            return self.model(X)
+        # The classifier's strategy takes (N, D) inputs; evaluate chunks of batches jointly and
+        # keep the diagonal blocks of the joint covariance.
+        q, d, j = X.shape[-2], X.shape[-1], self._num_outputs
+        flat = X.reshape(-1, q, d)
+        means, covs = [], []
+        for xb in flat.split(max(1, 512 // q)):
+            nb = xb.shape[0]
+            out = self.model(xb.reshape(nb * q, d))  # batch (J,), event (nb * q,)
+            means.append(out.mean.reshape(j, nb, q).transpose(0, 1))  # shape: (nb, J, q)
+            cov = out.lazy_covariance_matrix.to_dense().reshape(j, nb, q, nb, q)
+            idx = torch.arange(nb, device=X.device)
+            covs.append(cov[:, idx, :, idx, :])  # shape: (nb, J, q, q)
+        mean = torch.cat(means).reshape(*X.shape[:-2], j, q)
+        cov = torch.cat(covs).reshape(*X.shape[:-2], j, q, q)
+        return MultivariateNormal(mean, DenseLinearOperator(cov))
+
+    def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+        q = self._q(X)
+        if self._classifier:  # batch (*b, J), event q
+            return q
+        t = self.model.temperature.to(X)
+        return MultivariateNormal(
+            q.mean.unsqueeze(-2),
+            DenseLinearOperator((t * q.lazy_covariance_matrix.to_dense()).unsqueeze(-3)),
+        )
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        if self._classifier:
+            return None
+        return (self.model.temperature * self.likelihood.noise).to(X).reshape(1, 1)
+
+    def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
+        if self._classifier:
+            y = labels_from_targets(Y, self._num_outputs, "GWISurrogate")
+        else:
+            y = Y.squeeze(-1)
+        self.model.fit(self.likelihood, X, y, **kwargs)
+
+    def _class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
+        if not self._classifier:
+            return super()._class_probabilities(X)
+        logp = self.likelihood.marginal(self._q(X)).logits
+        return torch.softmax(logp / self.model.temperature.to(X), dim=-1)

@@ -1,0 +1,113 @@
+r"""BoTorch adapter of :class:`gpext.models.InducingGPNetwork`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator import to_linear_operator
+
+from gpext.errors import InputTypeError, expected_got
+from gpext.integrations.botorch._training_data import labels_from_targets
+from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
+from gpext.models import InducingGPNetwork
+
+__all__ = ["IGNSurrogate"]
+
+
+class IGNSurrogate(LatentGPSurrogate):
+    r"""An :class:`~gpext.models.InducingGPNetwork` as a BoTorch model.
+
+    The posterior is 002 Eq. 7 on the embedded query points,
+
+    .. math::
+
+        f(X) \mid \mathcal D \sim \mathcal N\big(K_{XZ}K_{ZZ}^{-1}\mathbf r,\
+            K_{XX} - K_{XZ}K_{ZZ}^{-1}K_{ZX}\big),
+
+    with kernels on the features :math:`g(X)`; ``observation_noise=True`` adds the Gaussian
+    noise of the regression task.  Outputs: one for ``"regression"`` and ``"binary"`` (the
+    probit latent), ``C`` for ``"one_vs_all"`` and ``"dirichlet"`` (one latent per class).
+
+    Args:
+        model: The network (fitted, or fitted later by
+            :func:`~gpext.integrations.botorch.fit_gpext_surrogate`).
+        train_X: Training inputs for ``fit_gpext_surrogate``. # shape: (n, d)
+        train_Y: Targets ``(n, 1)`` (class labels for the classification tasks).
+        input_transform: BoTorch ``InputTransform`` (e.g. ``Normalize(d)``).
+        outcome_transform: BoTorch ``OutcomeTransform`` (regression only, e.g.
+            ``Standardize(1)``).
+
+    Raises:
+        InputTypeError: If ``model`` is not an ``InducingGPNetwork``.
+
+    Example:
+        >>> from gpext.nn import MLP
+        >>> ign = InducingGPNetwork(MLP(2, [16], 4), num_inducing=8).double()
+        >>> model = IGNSurrogate(ign, train_X=X, train_Y=Y, outcome_transform=Standardize(1))
+        >>> model = fit_gpext_surrogate(model, epochs=50, batch_size=32)
+        >>> model.posterior(torch.rand(5, 3, 2, dtype=torch.float64)).mean.shape
+        torch.Size([5, 3, 1])
+    """
+
+    def __init__(
+        self,
+        model: InducingGPNetwork,
+        *,
+        train_X: torch.Tensor | None = None,
+        train_Y: torch.Tensor | None = None,
+        input_transform: torch.nn.Module | None = None,
+        outcome_transform: torch.nn.Module | None = None,
+    ) -> None:
+        if not isinstance(model, InducingGPNetwork):
+            raise InputTypeError(
+                expected_got("IGNSurrogate.model", "an InducingGPNetwork", type(model).__name__)
+            )
+        self._input_dim = getattr(model.embedding, "in_features", None)
+        super().__init__(
+            train_X=train_X,
+            train_Y=train_Y,
+            input_transform=input_transform,
+            outcome_transform=outcome_transform,
+        )
+        self.model = model
+        self._multi = model.task in ("one_vs_all", "dirichlet")
+        self._num_outputs = model.num_classes if self._multi else 1
+
+    def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+        self.model.eval()
+        mvn = self.model(X)  # batch (*b, [C]), event q
+        if self._multi:
+            return mvn
+        return MultivariateNormal(
+            mvn.mean.unsqueeze(-2), to_linear_operator(mvn.lazy_covariance_matrix).unsqueeze(-3)
+        )
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        if self.model.task != "regression":
+            return None
+        return self.model.likelihood.noise.to(X).reshape(1, 1)
+
+    def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
+        if self.model.task == "regression":
+            y = Y.squeeze(-1)
+        else:
+            y = labels_from_targets(Y, self.model.num_classes, "IGNSurrogate")
+        self.model.fit(X, y, **kwargs)
+
+    def _class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
+        if self.model.task == "regression":
+            return super()._class_probabilities(X)
+        self.model.eval()
+        mvn = self.model(X)
+        mean, var = mvn.mean, mvn.variance.clamp_min(0.0)  # shape: (*b, [C], q)
+        if self.model.task == "binary":
+            p1 = torch.special.ndtr(mean / torch.sqrt(1.0 + var))
+            return torch.stack([1.0 - p1, p1], dim=-1)
+        if self.model.task == "one_vs_all":
+            p = torch.special.ndtr(mean / torch.sqrt(1.0 + var)).transpose(-1, -2).clamp_min(1e-12)
+            return p / p.sum(-1, keepdim=True)
+        return self.model.dirichlet_transform.class_probs(
+            mean.transpose(-1, -2), var.transpose(-1, -2), method="approx"
+        )
