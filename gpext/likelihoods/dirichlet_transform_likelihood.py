@@ -86,6 +86,8 @@ class DirichletTransformLikelihood(_GaussianLikelihoodBase):
             )
         labels = None if train_labels is None else self._check_labels(train_labels, "train_labels")
         self.register_buffer("train_labels", labels)
+        # label noise of all training points, set by get_fantasy_likelihood(noise=...)
+        self.register_buffer("train_noise", None)
 
     @property
     def alpha_epsilon(self) -> float:
@@ -139,6 +141,8 @@ class DirichletTransformLikelihood(_GaussianLikelihoodBase):
             noise = torch.as_tensor(noise)
         elif labels is not None:
             noise = self.transform_labels(labels, dtype).noise
+        elif self.train_noise is not None and self.train_noise.shape[-1] == shape[-1]:
+            noise = self.train_noise
         elif self.train_labels is not None and self.train_labels.shape[-1] == shape[-1]:
             noise = self.transform_labels(self.train_labels, dtype).noise
         else:
@@ -262,21 +266,54 @@ class DirichletTransformLikelihood(_GaussianLikelihoodBase):
         return Normal(mean, (var + noise).sqrt()).log_prob(targets)
 
     def get_fantasy_likelihood(self, **kwargs: Any) -> DirichletTransformLikelihood:
-        """A copy that also knows the labels (or noise) of fantasy points.
+        """A copy that also knows the label noise of fantasy (conditioning) points.
 
-        Pass ``labels=`` (integer, ``(..., M)``): they are appended to ``train_labels``.  GPyTorch's
-        ``ExactGP.get_fantasy_model`` forwards only ``noise=``; use
-        ``targets, noise = lik.transform_labels(new_labels)`` and
-        ``model.get_fantasy_model(x_new, targets, noise=noise)``, which works too.
+        Pass ``labels=`` (integer, ``(..., M)``): they are transformed with *this* likelihood's
+        ``alpha_epsilon`` and appended to ``train_labels``.  Or pass ``noise=`` (``(..., C, M)``,
+        e.g. ``lik.transform_labels(new_labels).noise``), which GPyTorch's
+        ``ExactGP.get_fantasy_model(inputs, targets, noise=noise)`` forwards: it is appended to
+        the training noise (stored in ``train_noise``).  With an ``ExactGP`` over a batch of
+        ``C`` outputs, pass ``inputs`` expanded to ``(C, M, D)``: GPyTorch's fantasy strategy
+        takes the batch shape from the inputs, and flattens the ``C`` outputs of shared
+        ``(M, D)`` inputs into one (a ``view`` error).
+
+        Raises:
+            InputDataError: If ``noise=`` is given but the training noise is unknown (neither
+                ``train_labels`` nor ``train_noise`` is set).
         """
         new = super().get_fantasy_likelihood()
-        labels = kwargs.get("labels")
+        labels, noise = kwargs.get("labels"), kwargs.get("noise")
         if labels is not None:
             labels = self._check_labels(labels, "labels")
+            if noise is None:
+                noise = self.transform_labels(labels, self._dtype()).noise
             if self.train_labels is not None:
                 old = self.train_labels.expand(*labels.shape[:-1], self.train_labels.shape[-1])
                 labels = torch.cat([old, labels.to(old.device)], -1)
             new.train_labels = labels
+        if noise is not None and (labels is None or self.train_noise is not None):
+            noise = torch.as_tensor(noise)
+            if self.train_noise is not None:
+                old = self.train_noise
+            elif self.train_labels is not None:
+                old = self.transform_labels(self.train_labels, noise.dtype).noise
+            else:
+                raise InputDataError(
+                    "DirichletTransformLikelihood.get_fantasy_likelihood: expected train_labels "
+                    "or train_noise for the existing training points, got neither. Construct the "
+                    "likelihood with train_labels=."
+                )
+            if noise.dim() < 2 or noise.shape[-2] != self.num_classes:
+                raise ShapeError(
+                    expected_got(
+                        "DirichletTransformLikelihood.get_fantasy_likelihood noise",
+                        f"shape (..., {self.num_classes}, M)",
+                        tuple(noise.shape),
+                    )
+                )
+            batch = torch.broadcast_shapes(old.shape[:-1], noise.shape[:-1])
+            old = old.to(noise).expand(*batch, old.shape[-1])
+            new.train_noise = torch.cat([old, noise.expand(*batch, noise.shape[-1])], -1)
         return new
 
     def class_probs(

@@ -91,27 +91,70 @@ def exact_nll(k: torch.Tensor, offsets: list[int], nv: NoiseValues) -> torch.Ten
     return total
 
 
+def exact_inverse(k: torch.Tensor, nv: NoiseValues) -> torch.Tensor:
+    r""":math:`A^{-1} = (K + s_{neg} I)^{-1}`, the factor shared by all classes.
+
+    Args:
+        k: Training kernel matrix.  # shape: (N, N)
+        nv: Residual and noise values.
+
+    Returns:
+        :math:`A^{-1}`.  # shape: (N, N)
+    """
+    eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
+    return _inverse_from_chol(_chol(k + nv.s_neg * eye, "K + s_neg I"))
+
+
+def extend_inverse(
+    a_inv: torch.Tensor, k_cross: torch.Tensor, k_new: torch.Tensor, nv: NoiseValues
+) -> torch.Tensor:
+    r""":math:`A^{-1}` of the training set grown by ``M`` points, in ``O(N^2 M)``.
+
+    With :math:`A' = [[A, B], [B^\top, D]]`, :math:`B = K_{XX'}`, :math:`D = K_{X'X'} + s_{neg} I`
+    and the Schur complement :math:`S = D - B^\top A^{-1} B`:
+
+    .. math::
+        A'^{-1} = \begin{bmatrix} A^{-1} + C S^{-1} C^\top & -C S^{-1} \\
+            -S^{-1} C^\top & S^{-1} \end{bmatrix}, \qquad C = A^{-1} B.
+
+    Args:
+        a_inv: :math:`A^{-1}` of the current points.  # shape: (N, N)
+        k_cross: Kernel between current and new points.  # shape: (N, M)
+        k_new: Kernel of the new points.  # shape: (M, M)
+        nv: Residual and noise values.
+
+    Returns:
+        :math:`A'^{-1}` with the new points last.  # shape: (N + M, N + M)
+    """
+    m = k_new.shape[-1]
+    eye = torch.eye(m, dtype=k_new.dtype, device=k_new.device)
+    c = a_inv @ k_cross  # shape: (N, M)
+    schur = k_new + nv.s_neg * eye - k_cross.transpose(0, 1) @ c
+    s_inv = _inverse_from_chol(_chol(0.5 * (schur + schur.transpose(0, 1)), "the Schur complement"))
+    cs = c @ s_inv  # shape: (N, M)
+    top = torch.cat([a_inv + cs @ c.transpose(0, 1), -cs], -1)
+    bottom = torch.cat([-cs.transpose(0, 1), s_inv], -1)
+    return torch.cat([top, bottom], 0)
+
+
 def exact_predict(
-    k: torch.Tensor,
+    a_inv: torch.Tensor,
     k_star: torch.Tensor,
     k_star_diag: torch.Tensor,
     offsets: list[int],
     nv: NoiseValues,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior latent means and variances (without class means) at test points.
+    r"""Posterior latent means and variances (without class means) at test points.
 
     Args:
-        k: Training kernel matrix.  # shape: (N, N)
+        a_inv: :math:`(K + s_{neg} I)^{-1}` of the class-sorted training points (see
+            :func:`exact_inverse`).  # shape: (N, N)
         k_star: Cross kernel.  # shape: (N, T)
         k_star_diag: Prior variances at the test points.  # shape: (T,)
 
     Returns:
         ``(mean, var)`` of the residual latent functions.  # shape: (T, C) each
     """
-    n = k.shape[-1]
-    eye = torch.eye(n, dtype=k.dtype, device=k.device)
-    chol_a = _chol(k + nv.s_neg * eye, "K + s_neg I")
-    a_inv = _inverse_from_chol(chol_a)
     abs_delta = nv.s_neg - nv.s_pos
     w = a_inv @ k_star  # shape: (N, T)
     base_var = k_star_diag - (k_star * w).sum(0)
@@ -122,8 +165,10 @@ def exact_predict(
         alpha = nv.r_neg[c] * a_inv_1 + (nv.r_pos[c] - nv.r_neg[c]) * a_inv[:, lo:hi].sum(-1)
         var = base_var
         if hi > lo:
-            h = torch.eye(hi - lo, dtype=k.dtype, device=k.device) / abs_delta - a_inv[lo:hi, lo:hi]
-            chol_h = _chol(h, f"the Woodbury block of class {c}")
+            eye = torch.eye(hi - lo, dtype=a_inv.dtype, device=a_inv.device)
+            chol_h = _chol(
+                eye / abs_delta - a_inv[lo:hi, lo:hi], f"the Woodbury block of class {c}"
+            )
             v = torch.cholesky_solve(alpha[lo:hi, None], chol_h).squeeze(-1)
             alpha = alpha + a_inv[:, lo:hi] @ v
             t = torch.linalg.solve_triangular(chol_h, w[lo:hi], upper=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -46,6 +47,8 @@ class DirichletGPClassifier(gpytorch.Module):
       random training points), which tightens the bound at fixed hyperparameters.
 
     Hyperparameters are fitted by L-BFGS (strong Wolfe line search) on the whole training set.
+    New labelled points are conditioned on with :meth:`get_fantasy_model` (fixed hyperparameters,
+    a block update of the exact factor).
     Predictions: latent means/variances (:meth:`predict_latent`) and class probabilities
     :math:`\mathbb E[\mathrm{softmax}(\mathbf f)]` (Eq. 12) by Monte Carlo or the deterministic
     approximation of :class:`~gpext.likelihoods.DirichletTransform` (:meth:`predict_proba`).
@@ -97,6 +100,8 @@ class DirichletGPClassifier(gpytorch.Module):
         self.register_constraint("raw_extra_noise", GreaterThan(1e-6))
         self.inducing_points: torch.nn.Parameter | None = None
         self._train: dict | None = None
+        # (K + s_neg I)^{-1} of the class-sorted training points (exact variant), built lazily
+        self._a_inv: torch.Tensor | None = None
         self.fit_seconds: float | None = None
 
     # ------------------------------------------------------------------ properties
@@ -220,6 +225,7 @@ class DirichletGPClassifier(gpytorch.Module):
             last = float(loss.detach())
         self.eval()
         self._train = full
+        self._a_inv = None
         self._finalise_inducing(generator)
         self.fit_seconds = time.perf_counter() - start
         return self
@@ -230,7 +236,7 @@ class DirichletGPClassifier(gpytorch.Module):
         offsets = [0]
         for c in counts:
             offsets.append(offsets[-1] + c)
-        return {"x": x[order], "labels": labels[order], "offsets": offsets}
+        return {"x": x[order], "labels": labels[order], "offsets": offsets, "order": order}
 
     def _init_params(self, x, labels, counts, generator) -> None:
         n, d = x.shape
@@ -267,6 +273,92 @@ class DirichletGPClassifier(gpytorch.Module):
         z = torch.cat([self.inducing_points.detach(), x[idx]])
         self.inducing_points = torch.nn.Parameter(z, requires_grad=False)
 
+    @torch.no_grad()
+    def _exact_inverse(self) -> torch.Tensor:
+        if self._a_inv is None:
+            x = self._train["x"]
+            nv = self._noise_values(x.dtype)
+            self._a_inv = solvers.exact_inverse(self.kernel(x).to_dense(), nv)
+        return self._a_inv
+
+    # ------------------------------------------------------------------ fantasies
+    @torch.no_grad()
+    def get_fantasy_model(
+        self, inputs: torch.Tensor, labels: torch.Tensor
+    ) -> DirichletGPClassifier:
+        r"""A copy conditioned on new labelled points, with the hyperparameters kept fixed.
+
+        The new labels are transformed with this classifier's ``alpha_epsilon`` (GPyTorch's
+        likelihood ignores a user value there).  The exact variant grows the cached
+        :math:`(K + s_{neg} I)^{-1}` by a block (Schur complement) update in
+        :math:`O(N^2 M)` instead of refactorising in :math:`O((N + M)^3)`; its predictions
+        equal those of the exact posterior on the union of the old and new points with the
+        same hyperparameters (tested to 1e-6 in float64).  The sparse variant keeps its
+        inducing points and conditions its collapsed posterior on the union.
+
+        Args:
+            inputs: New inputs.  # shape: (M, D)
+            labels: Their integer labels in ``[0, C)``.  # shape: (M,)
+
+        Returns:
+            A new :class:`DirichletGPClassifier`; ``self`` is unchanged.
+
+        Raises:
+            NotFittedError: Before :meth:`fit`.
+            ShapeError: If ``inputs`` is not ``(M, D)`` with the training ``D`` or ``labels``
+                not ``(M,)``.
+            InputDataError: If labels are outside ``[0, C)`` or inputs are not finite.
+            InputTypeError: If labels are not whole numbers.
+
+        Example:
+            >>> clf = DirichletGPClassifier(num_classes=3, alpha_epsilon=0.05).fit(x, y)
+            >>> clf2 = clf.get_fantasy_model(x_new, y_new)
+            >>> probs = clf2.predict_proba(x_test)
+        """
+        if self._train is None:
+            raise NotFittedError(
+                "DirichletGPClassifier.get_fantasy_model: call fit(x, y) before conditioning "
+                "on new points."
+            )
+        train_x, train_labels = self._train["x"], self._train["labels"]
+        x_new = self._check_x(inputs, "inputs").to(train_x)
+        if x_new.shape[-1] != train_x.shape[-1]:
+            raise ShapeError(
+                expected_got(
+                    "DirichletGPClassifier.get_fantasy_model inputs",
+                    f"{train_x.shape[-1]} features",
+                    x_new.shape[-1],
+                )
+            )
+        y_new = check_labels(labels, self.num_classes, "DirichletGPClassifier.labels")
+        if y_new.shape != x_new.shape[:1]:
+            raise ShapeError(
+                expected_got(
+                    "DirichletGPClassifier.labels", f"shape ({x_new.shape[0]},)", tuple(y_new.shape)
+                )
+            )
+        y_new = y_new.to(train_labels.device)
+        # copy the model without its training data and cache (replaced below)
+        saved = self._train, self._a_inv
+        self._train, self._a_inv = None, None
+        try:
+            new = copy.deepcopy(self)
+        finally:
+            self._train, self._a_inv = saved
+        union = self._sorted_data(torch.cat([train_x, x_new]), torch.cat([train_labels, y_new]))
+        if self.inducing_points is None:
+            nv = self._noise_values(train_x.dtype)
+            a_inv = solvers.extend_inverse(
+                self._exact_inverse(),
+                self.kernel(train_x, x_new).to_dense(),
+                self.kernel(x_new).to_dense(),
+                nv,
+            )
+            order = union["order"]
+            new._a_inv = a_inv[order][:, order]
+        new._train = union
+        return new
+
     # -------------------------------------------------------------------- predict
     @torch.no_grad()
     def predict_latent(
@@ -293,9 +385,12 @@ class DirichletGPClassifier(gpytorch.Module):
         for xb in x.split(batch_size):
             k_diag = self.kernel(xb, diag=True)
             if self.inducing_points is None:
-                k = self.kernel(train_x).to_dense()
                 m, v = solvers.exact_predict(
-                    k, self.kernel(train_x, xb).to_dense(), k_diag, self._train["offsets"], nv
+                    self._exact_inverse(),
+                    self.kernel(train_x, xb).to_dense(),
+                    k_diag,
+                    self._train["offsets"],
+                    nv,
                 )
             else:
                 z = self.inducing_points

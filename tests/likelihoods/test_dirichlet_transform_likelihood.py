@@ -217,3 +217,50 @@ def test_bad_inputs():
     assert lik(q).variance.shape == (C, 4)
     lik2 = DirichletTransformLikelihood(5, train_labels=torch.tensor([0, 1]))
     assert lik2.transformed_targets.shape == (5, 2)
+
+
+def test_exact_gp_fantasy_model_equals_refit_on_union():
+    """``ExactGP.get_fantasy_model`` with ``noise=`` equals the exact GP on the union."""
+    torch.manual_seed(0)
+    dtype = torch.float64
+    x, y = _toy(30, dtype)
+    x_new, y_new = _toy(6, dtype, seed=2)
+    x_test, _ = _toy(9, dtype, seed=3)
+    lik = DirichletTransformLikelihood(
+        C, alpha_epsilon=0.05, train_labels=y, learn_additional_noise=True
+    ).to(dtype)
+    model = _BatchExactGP(x, lik.transformed_targets, lik).to(dtype)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = 0.7
+        lik.second_noise_covar.noise = 0.03
+    model.eval()
+    with torch.no_grad():
+        model(x_test)  # build the prediction caches that the fantasy update extends
+        targets, noise = lik.transform_labels(y_new)
+        # inputs expanded to the C outputs (GPyTorch takes the batch shape from the inputs)
+        fant = model.get_fantasy_model(x_new.expand(C, *x_new.shape), targets, noise=noise)
+        got = fant(x_test)
+        union = DirichletTransformLikelihood(
+            C, alpha_epsilon=0.05, train_labels=torch.cat([y, y_new]), learn_additional_noise=True
+        ).to(dtype)
+        ref_model = _BatchExactGP(torch.cat([x, x_new]), union.transformed_targets, union).to(dtype)
+        state = {k: v for k, v in model.state_dict().items() if "train_labels" not in k}
+        ref_model.load_state_dict(state, strict=False)
+        ref_model.eval()
+        ref = ref_model(x_test)
+    assert torch.allclose(got.mean, ref.mean, atol=1e-6)
+    assert torch.allclose(got.variance, ref.variance, atol=1e-6)
+    # the fantasy likelihood knows the noise of all 36 points, with alpha_epsilon = 0.05
+    full = DirichletTransform(C, 0.05)(torch.cat([y, y_new]), dtype=dtype, class_dim=-2).noise
+    assert torch.allclose(fant.likelihood.train_noise, full)
+
+
+def test_fantasy_likelihood_errors():
+    lik = DirichletTransformLikelihood(C)
+    with pytest.raises(InputDataError, match="train_labels"):
+        lik.get_fantasy_likelihood(noise=torch.ones(C, 2))
+    lik = DirichletTransformLikelihood(C, train_labels=torch.tensor([0, 1, 2]))
+    with pytest.raises(ShapeError, match=r"shape \(\.\.\., 3, M\)"):
+        lik.get_fantasy_likelihood(noise=torch.ones(2, 2))
+    with pytest.raises(InputDataError, match=r"labels in \[0, 3\)"):
+        lik.get_fantasy_likelihood(labels=torch.tensor([3]))

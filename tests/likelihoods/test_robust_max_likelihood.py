@@ -200,3 +200,49 @@ def test_bad_inputs():
         RobustMaxLikelihood(3, epsilon=1.5)
     with pytest.raises(InputDataError, match="num_classes"):
         RobustMaxLikelihood(1)
+
+
+def test_ndtr_product_gradcheck_and_infinite_entries():
+    from gpext.likelihoods.robust_max_likelihood import _ndtr_product
+
+    gen = torch.Generator().manual_seed(3)
+    z = (3.0 * torch.randn(4, 5, 6, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    assert torch.autograd.gradcheck(_ndtr_product, (z,))
+    ref = torch.special.ndtr(z).prod(-1)
+    assert torch.allclose(_ndtr_product(z), ref, rtol=1e-12, atol=0)
+    # +inf is a factor 1 with zero gradient; -40 underflows without NaN gradients
+    z2 = torch.tensor([[math.inf, 0.3, -40.0], [math.inf, 0.3, 1.0]], dtype=torch.float64)
+    z2.requires_grad_(True)
+    out = _ndtr_product(z2)
+    out.sum().backward()
+    assert torch.isfinite(z2.grad).all() and (z2.grad[:, 0] == 0).all()
+    expected_grad = math.exp(-0.5) / math.sqrt(2 * math.pi) * torch.special.ndtr(torch.tensor(0.3))
+    assert z2.grad[1, 2].item() == pytest.approx(expected_grad.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("num_classes", [2, 10, 100])
+def test_elbo_path_matches_log_space_path(num_classes):
+    """``expected_log_prob`` (probability space) equals the log-space ``log_s`` route."""
+    torch.manual_seed(10 + num_classes)
+    j = num_classes
+    mean = 3.0 * torch.randn(8, j, dtype=torch.float64)
+    var = (torch.randn(8, j, dtype=torch.float64)).exp()
+    y = torch.randint(0, j, (8,))
+    var[0] *= 1e-8
+    var[1, y[1]] *= 100.0  # formula (b)
+    var[2, y[2]] *= 1.3  # formula (a) just under the switch ratio
+    mean[3] *= 30.0
+    mean.requires_grad_(True)
+    var.requires_grad_(True)
+    lik = RobustMaxLikelihood(j, epsilon=0.01).double()
+    q = _mtmvn(mean, var)
+    ell = lik.expected_log_prob(y, q)
+    g_ell = torch.autograd.grad(ell.sum(), (mean, var))
+    s = lik.log_s(_mtmvn(mean, var), y).exp()
+    eps = float(lik.epsilon)  # 0.01 up to its float32 initialisation
+    log_hit, log_miss = math.log1p(-eps), math.log(eps / (j - 1))
+    ref = log_miss + (log_hit - log_miss) * s
+    g_ref = torch.autograd.grad(ref.sum(), (mean, var))
+    assert torch.allclose(ell, ref, atol=1e-10, rtol=0)
+    for a, b in zip(g_ell, g_ref, strict=True):
+        assert torch.allclose(a, b, atol=1e-8, rtol=1e-6)

@@ -47,7 +47,8 @@ def test_exact_solver_matches_dense_reference():
     assert nll.item() == pytest.approx(ref.item(), rel=1e-8)
     xs = torch.randn(7, 2, dtype=torch.float64)
     ks = torch.exp(-0.5 * torch.cdist(x, xs) ** 2)
-    mean, var = solvers.exact_predict(k, ks, torch.ones(7, dtype=torch.float64), offsets, nv)
+    a_inv = solvers.exact_inverse(k, nv)
+    mean, var = solvers.exact_predict(a_inv, ks, torch.ones(7, dtype=torch.float64), offsets, nv)
     for c in range(3):
         cov = k + torch.diag(noise[c])
         ref_mean = ks.T @ torch.linalg.solve(cov, targets[c] - mu[c])
@@ -76,7 +77,7 @@ def test_sparse_bound_matches_dense_titsias_reference():
         k, k, kern(x, xs), torch.ones(5, dtype=torch.float64), offsets, nv, 1e-10
     )
     m_e, v_e = solvers.exact_predict(
-        k, kern(x, xs), torch.ones(5, dtype=torch.float64), offsets, nv
+        solvers.exact_inverse(k, nv), kern(x, xs), torch.ones(5, dtype=torch.float64), offsets, nv
     )
     assert torch.allclose(m_s, m_e, atol=1e-5) and torch.allclose(v_s, v_e, atol=1e-5)
 
@@ -119,3 +120,102 @@ def test_errors():
         clf.fit(torch.zeros(4), torch.tensor([0, 1, 2, 1]))
     with pytest.raises(InputDataError, match="finite"):
         clf.fit(torch.full((4, 2), float("nan")), torch.tensor([0, 1, 2, 1]))
+
+
+def test_extend_inverse_matches_direct_inverse():
+    x, _, labels, offsets, k, mu, nv, targets, noise = _setup(n=50)
+    a_inv = solvers.exact_inverse(k[:35, :35], nv)
+    grown = solvers.extend_inverse(a_inv, k[:35, 35:], k[35:, 35:], nv)
+    ref = torch.linalg.inv(k + nv.s_neg * torch.eye(50, dtype=torch.float64))
+    assert torch.allclose(grown, ref, atol=1e-10)
+
+
+def _dense_posterior(clf, x, y, x_test, alpha_epsilon):
+    """Exact posterior of every class by dense solves, with the classifier's hyperparameters."""
+    targets, noise = DirichletTransform(clf.num_classes, alpha_epsilon)(y, dtype=x.dtype)
+    with torch.no_grad():
+        k = clf.kernel(x).to_dense()
+        ks = clf.kernel(x, x_test).to_dense()
+        kss = clf.kernel(x_test, diag=True)
+        means, variances = [], []
+        for c in range(clf.num_classes):
+            cov = k + torch.diag(noise[:, c] + clf.extra_noise)
+            mu = clf.class_means[c]
+            means.append(mu + ks.T @ torch.linalg.solve(cov, targets[:, c] - mu))
+            variances.append(kss - (ks * torch.linalg.solve(cov, ks)).sum(0))
+    return torch.stack(means, -1), torch.stack(variances, -1)
+
+
+def _fantasy_data(dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(60, 2, generator=gen, dtype=dtype) * 4 - 2
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    x_new = torch.rand(12, 2, generator=gen, dtype=dtype) * 4 - 2
+    y_new = torch.randint(0, 3, (12,), generator=gen)
+    x_test = torch.rand(25, 2, generator=gen, dtype=dtype) * 4 - 2
+    return x, y, x_new, y_new, x_test
+
+
+def test_fantasy_model_equals_exact_posterior_on_union():
+    x, y, x_new, y_new, x_test = _fantasy_data(torch.float64)
+    clf = DirichletGPClassifier(3, alpha_epsilon=0.05).fit(x, y, max_iter=8)
+    before = clf.predict_latent(x_test)
+    fant = clf.get_fantasy_model(x_new, y_new)
+    mean, var = fant.predict_latent(x_test)
+    x_all, y_all = torch.cat([x, x_new]), torch.cat([y, y_new])
+    ref_mean, ref_var = _dense_posterior(clf, x_all, y_all, x_test, alpha_epsilon=0.05)
+    assert torch.allclose(mean, ref_mean, atol=1e-6) and torch.allclose(var, ref_var, atol=1e-6)
+    # the user's alpha_epsilon matters: the default 0.01 gives a different posterior
+    other, _ = _dense_posterior(clf, x_all, y_all, x_test, alpha_epsilon=0.01)
+    assert (other - mean).abs().max() > 1e-2
+    # hyperparameters are fixed and the original model is unchanged
+    assert torch.equal(fant.class_means, clf.class_means)
+    after = clf.predict_latent(x_test)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    # conditioning twice equals conditioning once on both sets
+    twice = clf.get_fantasy_model(x_new[:5], y_new[:5]).get_fantasy_model(x_new[5:], y_new[5:])
+    assert torch.allclose(twice.predict_latent(x_test)[0], mean, atol=1e-8)
+    probs = fant.predict_proba(x_test, method="approx")
+    assert probs.shape == (25, 3) and torch.allclose(
+        probs.sum(-1), torch.ones(25, dtype=torch.float64)
+    )
+
+
+def test_fantasy_model_float32_and_sparse():
+    x, y, x_new, y_new, x_test = _fantasy_data(torch.float32, seed=1)
+    clf = DirichletGPClassifier(3).fit(x, y, max_iter=5)
+    mean, var = clf.get_fantasy_model(x_new, y_new).predict_latent(x_test)
+    ref_mean, ref_var = _dense_posterior(
+        clf, torch.cat([x, x_new]), torch.cat([y, y_new]), x_test, alpha_epsilon=0.01
+    )
+    assert mean.dtype == torch.float32
+    assert torch.allclose(mean, ref_mean, atol=1e-3) and torch.allclose(var, ref_var, atol=1e-3)
+    # sparse: the collapsed posterior of the union with the same inducing points
+    x64, y64, xn64, yn64, xt64 = _fantasy_data(torch.float64, seed=2)
+    sp = DirichletGPClassifier(3, num_inducing=15).fit(x64, y64, max_iter=5)
+    fant = sp.get_fantasy_model(xn64, yn64)
+    assert torch.equal(fant.inducing_points, sp.inducing_points)
+    union = sp._sorted_data(torch.cat([x64, xn64]), torch.cat([y64, yn64]))
+    with torch.no_grad():
+        z = sp.inducing_points
+        ref_mean, _ = solvers.sparse_predict(
+            sp.kernel(z).to_dense(), sp.kernel(z, union["x"]).to_dense(),
+            sp.kernel(z, xt64).to_dense(), sp.kernel(xt64, diag=True), union["offsets"],
+            sp._noise_values(torch.float64), sp.jitter,
+        )  # fmt: skip
+    assert torch.allclose(fant.predict_latent(xt64)[0], ref_mean + sp.class_means, atol=1e-8)
+
+
+def test_fantasy_model_errors():
+    x, y, x_new, y_new, _ = _fantasy_data(torch.float64)
+    with pytest.raises(NotFittedError, match="fit"):
+        DirichletGPClassifier(3).get_fantasy_model(x_new, y_new)
+    clf = DirichletGPClassifier(3).fit(x, y, max_iter=2)
+    with pytest.raises(ShapeError, match="2 features"):
+        clf.get_fantasy_model(torch.zeros(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2]))
+    with pytest.raises(ShapeError, match=r"shape \(12,\)"):
+        clf.get_fantasy_model(x_new, y_new[:5])
+    with pytest.raises(InputDataError, match=r"labels in \[0, 3\)"):
+        clf.get_fantasy_model(x_new[:2], torch.tensor([0, 3]))
+    with pytest.raises(InputTypeError, match="integer class labels"):
+        clf.get_fantasy_model(x_new[:2], torch.tensor([0.5, 1.0]))
