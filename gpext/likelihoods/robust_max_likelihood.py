@@ -119,6 +119,10 @@ class RobustMaxLikelihood(Likelihood):
     magnitude among themselves, neither form is exact at 20 nodes (errors up to ~0.02 in
     :math:`S`); raise ``num_locs``.
 
+    Two classes: with ``J = 2`` the integral has the closed form
+    :math:`S_y = \Phi\big((m_y - m_o) / \sqrt{v_y + v_o}\big)`, used instead of quadrature
+    (exact, and cheaper).
+
     Only the marginal variances of the latent functions are used; correlations between latent
     functions (e.g. an LMC model) are ignored by the quadrature, as in GPflow.
 
@@ -316,6 +320,16 @@ class RobustMaxLikelihood(Likelihood):
         logw = self.log_weights.to(device=mean.device, dtype=mean.dtype)
         return sd, xi, logw
 
+    def _two_class_z(self, mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """For ``J = 2``, :math:`S_y = \Phi(z)` exactly, :math:`z = (m_y - m_o)/\sqrt{v_y + v_o}`.
+
+        With two independent Gaussian latents, :math:`f_y - f_o` is Gaussian, so no quadrature
+        is needed.  Shapes: mean/var (P, 2), y (P,); returns (P,).
+        """
+        sign = 1.0 - 2.0 * y.to(mean.dtype)  # +1 if y = 0, -1 if y = 1
+        total_var = var.clamp_min(self._min_var(var.dtype)).sum(-1)
+        return sign * (mean[:, 0] - mean[:, 1]) * total_var.rsqrt()
+
     def _s_pairs(self, mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """:math:`S_y` (not its log) for flat pairs: mean/var (P, J), y (P,); returns (P,).
 
@@ -324,6 +338,8 @@ class RobustMaxLikelihood(Likelihood):
         multiplied in probability space (``ndtr`` instead of ``log_ndtr``, half the cost; a
         product below the smallest normal float contributes nothing, nor does its gradient).
         """
+        if mean.shape[-1] == 2:
+            return torch.special.ndtr(self._two_class_z(mean, var, y))
         sd, xi, logw = self._prepare(mean, var)
         s = self._factors_over_y(mean, sd, y, xi, log_space=False) @ logw.exp()
         for idx in self._runner_up_chunks(sd, y):
@@ -333,6 +349,9 @@ class RobustMaxLikelihood(Likelihood):
 
     def _log_s_pairs(self, mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor):
         """``log S_y`` and ``log(1 - S_y)`` for flat pairs: mean/var (P, J), y (P,)."""
+        if mean.shape[-1] == 2:
+            z = self._two_class_z(mean, var, y)
+            return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
         sd, xi, logw = self._prepare(mean, var)
         log_prod = self._factors_over_y(mean, sd, y, xi, log_space=True)  # shape: (P, K)
         log_s = torch.logsumexp(log_prod + logw, dim=-1)

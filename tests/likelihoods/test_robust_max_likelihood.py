@@ -246,3 +246,31 @@ def test_elbo_path_matches_log_space_path(num_classes):
     assert torch.allclose(ell, ref, atol=1e-10, rtol=0)
     for a, b in zip(g_ell, g_ref, strict=True):
         assert torch.allclose(a, b, atol=1e-8, rtol=1e-6)
+
+
+def test_two_classes_closed_form_matches_quadrature_and_scipy():
+    """J = 2 uses S_y = Phi((m_y - m_o) / sqrt(v_y + v_o)); it agrees with the 20-node quadrature
+    where that is accurate (variance ratio <= 1.5) and with scipy's normal CDF everywhere."""
+    from scipy.stats import norm
+
+    torch.manual_seed(7)
+    mean = 2.0 * torch.randn(64, 2, dtype=torch.float64)
+    var = torch.empty(64, 2, dtype=torch.float64).uniform_(0.5, 1.0)
+    y = torch.randint(0, 2, (64,))
+    lik = RobustMaxLikelihood(2).double()
+    s_closed = lik.log_s(_mtmvn(mean, var), y).exp()
+    sd, xi, logw = lik._prepare(mean, var)
+    s_quad = (lik._factors_over_y(mean, sd, y, xi, log_space=True) + logw).logsumexp(-1).exp()
+    assert torch.allclose(s_closed, s_quad, atol=1e-6, rtol=0)
+    m_y, m_o = mean.gather(-1, y[:, None]).squeeze(-1), mean.gather(-1, 1 - y[:, None]).squeeze(-1)
+    ref = norm.cdf(((m_y - m_o) / var.sum(-1).sqrt()).numpy())
+    assert torch.allclose(s_closed, torch.from_numpy(ref), atol=1e-12, rtol=0)
+    # extreme: a far-away mean and a tiny variance stay finite in log space, in both tails
+    log_s = lik.log_s(
+        _mtmvn(
+            torch.tensor([[40.0, 0.0]], dtype=torch.float64),
+            torch.tensor([[1e-12, 1e-12]], dtype=torch.float64),
+        ),
+        torch.tensor([1]),
+    )
+    assert torch.isfinite(log_s).all() and log_s.item() < -1e3
