@@ -57,8 +57,9 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=None)
     parser.add_argument("--datasets", nargs="*", default=list(DATASETS))
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     config = BenchConfig(quick=args.quick, seed=args.seed, dtype=torch.float64)
     splits = args.splits or (1 if args.quick else 20)
     run = run_benchmark(

@@ -30,6 +30,7 @@ def train_sgd_trajectory(
     batch_size: int | None = None,
     collect_every: int | None = None,
     max_deviations: int = 20,
+    max_grad_norm: float | None = None,
     observers: Sequence[Callable[[torch.Tensor, torch.Tensor], object]] = (),
     step_observers: Sequence[Callable[[torch.Tensor], object]] = (),
     generator: torch.Generator | None = None,
@@ -62,6 +63,11 @@ def train_sgd_trajectory(
         batch_size: Mini-batch size (default ``ceil(N / 10)``, the drbayes UCI choice).
         collect_every: Collection period in optimiser steps (default: steps per epoch).
         max_deviations: Deviation buffer size ``K``.
+        max_grad_norm: Clip the gradient to this Euclidean norm before each step (``None``: no
+            clipping). A heteroscedastic Gaussian NLL has gradients that grow like
+            :math:`1/\sigma^2(x)` when the predicted variance collapses; one such step throws
+            the weights to another region, and the SWA mean of a trajectory with such a jump
+            averages two unrelated solutions. Clipping keeps the trajectory in one basin.
         observers: Callables notified at each collection.
         step_observers: Callables called as ``observer(weights)`` after every optimiser step of
             the collection phase (e.g. :meth:`OnlineFactorAnalysis.update`, which wants many
@@ -99,6 +105,12 @@ def train_sgd_trajectory(
         else check_positive_int(collect_every, "collect_every")
     )
     swa_lr = lr / 2 if swa_lr is None else swa_lr
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise InputDataError(
+            expected_got(
+                "train_sgd_trajectory.max_grad_norm", "a number > 0 or None", max_grad_norm
+            )
+        )
     collector = TrajectoryCollector(module, max_deviations=max_deviations, collect_every=every)
     opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     module.train()
@@ -122,6 +134,8 @@ def train_sgd_trajectory(
                 )
             opt.zero_grad()
             loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
             opt.step()
             if epoch >= swa_start:
                 if step_observers:

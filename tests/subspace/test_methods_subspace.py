@@ -57,3 +57,20 @@ class TestSubspaceBenchMethods:
             float(dist[dist > 0].median()),
             rel_tol=1e-5,
         )
+
+    def test_batched_feed_equals_row_by_row(self):
+        from gpext.subspace import OnlineFactorAnalysis
+
+        x = torch.randn(30, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        direct = OnlineFactorAnalysis(6, 2, warmup=5, generator=torch.Generator().manual_seed(1))
+        fed = OnlineFactorAnalysis(6, 2, warmup=5, generator=torch.Generator().manual_seed(1))
+        feed = ms._BatchedFeed(fed.update)
+        for i, row in enumerate(x):
+            direct.update(row)
+            feed(row)
+            if i % 7 == 6:
+                feed.flush(None, None)  # called as a collection observer
+        feed.flush()
+        assert fed.num_observations == direct.num_observations == 30
+        torch.testing.assert_close(fed.loadings, direct.loadings)
+        torch.testing.assert_close(fed.psi, direct.psi)

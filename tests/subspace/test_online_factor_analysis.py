@@ -109,3 +109,56 @@ class TestOnlineFactorAnalysis:
         with pytest.raises(NumericalError, match="learning_rate"):
             sga.update(torch.randn(5, 3, dtype=torch.float64) * 1e100)
         assert sga.num_observations == 0
+
+
+class TestStepWeight:
+    def test_step_weight_zero_is_algorithm_2(self):
+        """eta = 0 is the 1/t recursion of 004 Algorithm 2, replayed here by hand."""
+        x = _fa_data(d=6, k=2, t=40)
+        g = torch.Generator().manual_seed(3)
+        fa = OnlineFactorAnalysis(6, 2, warmup=5, generator=g).update(x)
+        f, _ = torch.linalg.qr(
+            torch.randn(6, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        )
+        psi, mean = torch.ones(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+        a, b, d2 = (
+            torch.zeros(6, 2, dtype=torch.float64),
+            torch.zeros(2, 2, dtype=torch.float64),
+            torch.zeros(6, dtype=torch.float64),
+        )
+        for t, th in enumerate(x, start=1):
+            mean = mean + (th - mean) / t
+            d = th - mean
+            c = (f / psi[:, None]).T
+            sig = torch.linalg.inv(torch.eye(2, dtype=torch.float64) + c @ f)
+            m = sig @ c @ d
+            b, a, d2 = (
+                b + (torch.outer(m, m) - b) / t,
+                a + (torch.outer(d, m) - a) / t,
+                d2 + (d * d - d2) / t,
+            )
+            if t > 5:
+                h = sig + b
+                f = a @ torch.linalg.inv(h)
+                psi = d2 + ((f @ h) * f - 2 * f * a).sum(-1)
+        torch.testing.assert_close(fa.loadings, f)
+        torch.testing.assert_close(fa.psi, psi)
+
+    def test_polynomial_decay_forgets_the_random_start(self):
+        # D / K = 10, as the D = 100 setting of benchmarks/online_fa.py: the 1/t recursion carries
+        # the statistics gathered under the random initial F; eta = 1 forgets them
+        x = _fa_data(d=40, k=4, t=6000, seed=2)
+        sk = torch.tensor(FactorAnalysis(4, random_state=0).fit(x.numpy()).get_covariance())
+        err = {}
+        for eta in (0.0, 1.0):
+            fa = OnlineFactorAnalysis(
+                40, 4, step_weight=eta, generator=torch.Generator().manual_seed(0)
+            ).update(x)
+            err[eta] = _rel(fa.covariance(), sk)
+        assert err[1.0] < 0.8 * err[0.0]
+
+    def test_bad_step_weight(self):
+        with pytest.raises(InputDataError, match="step_weight"):
+            OnlineFactorAnalysis(5, 2, step_weight=-1.0)
+        with pytest.raises(InputDataError, match="step_weight"):
+            OnlineFactorAnalysis(5, 2, step_weight=float("inf"))

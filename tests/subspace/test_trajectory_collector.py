@@ -154,3 +154,35 @@ class TestTrainSGDTrajectory:
         torch.testing.assert_close(seen[-1][1], traj.deviations()[-1])
         with pytest.raises(InputDataError, match="swa_start"):
             train_sgd_trajectory(net, x, y, OutputLikelihood("gaussian"), epochs=3, swa_start=3)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_gradient_clipping_bounds_each_step(self, dtype):
+        torch.manual_seed(0)
+        x = torch.randn(40, 2, dtype=dtype)
+        y = 100 * x[:, 0]  # huge residuals: unclipped gradients are far above the bound
+        lik = OutputLikelihood("heteroscedastic_gaussian")
+        for clip in (1e-2, None):
+            net = HeteroscedasticMLP(2, [8]).to(dtype)
+            w0 = torch.cat([p.detach().flatten() for p in net.parameters()])
+            steps = []
+            train_sgd_trajectory(
+                net,
+                x,
+                y,
+                lik,
+                epochs=2,
+                swa_start=0,
+                lr=0.1,
+                swa_lr=0.1,
+                momentum=0.0,
+                batch_size=40,
+                max_grad_norm=clip,
+                step_observers=[steps.append],
+            )
+            jumps = torch.stack([steps[0] - w0, steps[1] - steps[0]]).norm(dim=-1)
+            if clip is None:
+                assert bool((jumps > 0.1 * 1e-2 * 10).all())
+            else:
+                assert bool((jumps <= 0.1 * clip * (1 + 1e-4)).all())
+        with pytest.raises(InputDataError, match="max_grad_norm"):
+            train_sgd_trajectory(net, x, y, lik, epochs=2, swa_start=1, max_grad_norm=0.0)
