@@ -21,30 +21,13 @@ from collections.abc import Sequence
 
 import torch
 
-from gpext.errors import ShapeError, expected_got
-from gpext.models.gwi_model import GWIModel, fit_exact_prior
+from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.models.gwi_model import GWIModel, fit_exact_prior, greedy_inducing_subset
+from gpext.nn import SmallCNN
 from gpext.utils import check_finite, check_labels, check_positive_int
 from gpext.variational import WassersteinNetworkMean
 
 __all__ = ["GWIClassificationModel"]
-
-
-class _SmallCNN(torch.nn.Module):
-    """Two conv blocks and a linear head on flattened images ``(B, C*H*W)``."""
-
-    def __init__(self, image_shape: Sequence[int], num_outputs: int):
-        super().__init__()
-        c, h, w = image_shape
-        self.image_shape = tuple(image_shape)
-        self.body = torch.nn.Sequential(
-            torch.nn.Conv2d(c, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Flatten(), torch.nn.Linear(64 * (h // 4) * (w // 4), 128), torch.nn.ReLU(),
-            torch.nn.Linear(128, num_outputs),
-        )  # fmt: skip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x.reshape(-1, *self.image_shape))
 
 
 class GWIClassificationModel(GWIModel):
@@ -79,8 +62,10 @@ class GWIClassificationModel(GWIModel):
         mean_module: torch.nn.Module | None = None,
         image_shape: Sequence[int] | None = None,
         epsilon: float = 0.01,
+        prior_outputscale: float | None = 1.0,
         num_subsample: int = 100,
-        learn_inducing_locations: bool = True,
+        learn_inducing_locations: bool = False,
+        inducing: str = "greedy",
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
     ):
@@ -89,7 +74,8 @@ class GWIClassificationModel(GWIModel):
         The prior kernel is fitted by exact GP regression of the centred one-hot labels (one
         shared scaled RBF kernel, zero prior mean) on a subset and frozen; ``L`` starts at
         :math:`\operatorname{chol}((K_{ZZ} + K_{ZX}K_{XZ}/\sigma^2)^{-1})`.  The mean
-        :math:`m_Q` is an MLP, or a small CNN when ``image_shape`` is given.
+        :math:`m_Q` is an MLP, or a :class:`gpext.nn.SmallCNN` (its default widths) when
+        ``image_shape`` is given.
 
         Args:
             x: Training inputs. # shape: (N, D)
@@ -101,13 +87,32 @@ class GWIClassificationModel(GWIModel):
             mean_module: Custom :math:`m_Q` returning ``(J, N)``.
             image_shape: ``(C, H, W)`` of flattened image inputs (selects the CNN mean).
             epsilon: Robust-max error probability (0.01 as in Wild et al. 2022).
+            prior_outputscale: Variance the fitted prior kernel is rescaled to (its lengthscale
+                is kept; the noise used to initialise ``L`` is rescaled alike).  Robust max is
+                invariant to the scale of the latents, so the scale fitted on the one-hot labels
+                (about 0.1) carries no information, while it sets the width
+                :math:`\sqrt{r}` of the probit smoothing in the expected log-likelihood; with
+                a narrow width the gradient vanishes for misclassified points whose margin
+                exceeds a few tenths, and training a network mean stalls.  ``None`` keeps the
+                fitted scale.
             num_subsample: ``N_S`` of the W2 estimator.
-            learn_inducing_locations: Whether ``Z`` is trained.
+            learn_inducing_locations: Whether ``Z`` is trained (default off: ``Z`` stays a
+                subset of the data as in 003, and with a fixed ``L`` even small moves of ``Z``
+                break the cancellation between :math:`-k_{xZ}K_{ZZ}^{-1}k_{Zx'}` and
+                :math:`k_{xZ}LL^\top k_{Zx'}` when :math:`K_{ZZ}` is ill-conditioned).
+            inducing: How ``Z`` is picked from the data: ``"greedy"`` (default,
+                :func:`~gpext.models.gwi_model.greedy_inducing_subset` under the fitted prior
+                kernel) or ``"random"``.
             generator: Random generator.
             show_progress: Progress bar of the prior fit.
 
         Returns:
             ``(model, likelihood)`` with a :class:`gpext.likelihoods.RobustMaxLikelihood`.
+
+        Raises:
+            ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
+            InputDataError: If ``inducing`` is not ``"greedy"`` or ``"random"``, or the labels
+                are out of range.
         """
         from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
 
@@ -132,11 +137,30 @@ class GWIClassificationModel(GWIModel):
             generator=generator,
             show_progress=show_progress,
         )
+        if prior_outputscale is not None:
+            # robust max only compares latents (argmax), so the prior's scale is free; the fit
+            # on one-hot labels gives a variance of about 0.1, a probit width so narrow that
+            # a misclassified point whose wrong margin exceeds a few tenths gets no gradient
+            scale = float(prior_outputscale)
+            if not scale > 0:
+                raise InputDataError(
+                    expected_got("prior_outputscale", "a positive float or None", repr(scale))
+                )
+            ratio = scale / float(kernel.outputscale)
+            kernel.outputscale = scale
+            noise = noise * ratio
         if mean_module is None:
-            net = _SmallCNN(image_shape, j) if image_shape is not None else None
+            net = None
+            if image_shape is not None:
+                net = SmallCNN(j, image_shape=image_shape)
             mean_module = WassersteinNetworkMean(d, j, net=net)
         m = num_inducing or math.ceil(math.sqrt(n))
-        idx = torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
+        if inducing == "greedy":
+            idx = greedy_inducing_subset(x, kernel, m, generator=generator)
+        elif inducing == "random":
+            idx = torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
+        else:
+            raise InputDataError(expected_got("inducing", "'greedy' or 'random'", repr(inducing)))
         model = cls(
             x[idx].clone(), kernel, mean_module=mean_module, num_latents=j,
             num_subsample=num_subsample, learn_inducing_locations=learn_inducing_locations,

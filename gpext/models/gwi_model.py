@@ -29,8 +29,9 @@ from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeEr
 from gpext.mlls import GWIObjective
 from gpext.utils import check_finite, check_positive_int, progress_bar
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
+from gpext.variational.wasserstein_distance import safe_cholesky
 
-__all__ = ["GWIModel", "fit_exact_prior"]
+__all__ = ["GWIModel", "fit_exact_prior", "greedy_inducing_subset"]
 
 
 class _PriorGP(gpytorch.models.ExactGP):
@@ -112,40 +113,173 @@ def fit_exact_prior(
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
-    for _ in progress_bar(range(steps), desc="GWI prior", show=show_progress):
-        opt.zero_grad()
-        loss = -mll(model(x), targets).sum()
-        loss.backward()
-        opt.step()
+    # Cholesky rather than CG up to max_points: exact, and faster at these sizes on a CPU
+    with gpytorch.settings.max_cholesky_size(max(max_points, 800)):
+        for _ in progress_bar(range(steps), desc="GWI prior", show=show_progress):
+            opt.zero_grad()
+            loss = -mll(model(x), targets).sum()
+            loss.backward()
+            opt.step()
     noise = float(likelihood.noise.detach().mean())
     mean.requires_grad_(False)
     kernel.requires_grad_(False)
     return mean, kernel, noise
 
 
-class _KernelExpansionMean(gpytorch.means.Mean):
-    """``m_Q(x) = m_P(x) + k(x, C) w (+ g(x))``: a kernel expansion on fixed centres ``C``.
+def greedy_inducing_subset(
+    x: torch.Tensor,
+    kernel: gpytorch.kernels.Kernel,
+    num_inducing: int,
+    *,
+    max_points: int = 2000,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""Indices of ``M`` data points chosen greedily to shrink the Nyström residual.
 
-    With the frozen prior kernel this spans the sparse-GP posterior means; the optional network
-    ``g`` (a :class:`~gpext.variational.WassersteinNetworkMean`) adds flexibility.
+    With :math:`R_m = K_{XX} - K_{XZ_m} K_{Z_m Z_m}^{-1} K_{Z_m X}` the residual after ``m``
+    points, the next point maximises the reduction of its trace,
+
+    .. math::
+
+        i_{m+1} = \arg\max_i \frac{\| R_m[:, i] \|^2}{R_m[i, i]},
+        \qquad R_{m+1} = R_m - \frac{R_m[:, i] R_m[i, :]}{R_m[i, i]}.
+
+    This keeps GWI's inducing points a subset of the data (003 section 2) while making the
+    residual :math:`k - k_{xZ}K_{ZZ}^{-1}k_{Zx}` of the variational kernel, which :math:`L`
+    cannot reduce, small where the data lie.  Cost :math:`O(N^2 M)`; larger sets are first
+    reduced to a seeded random subset of ``max_points`` candidates.
+
+    Args:
+        x: Candidate inputs. # shape: (N, D)
+        kernel: The (frozen) prior kernel; for a batched kernel the first member decides.
+        num_inducing: ``M`` (at most ``N``).
+        max_points: Candidate cap.
+        generator: Random generator of the candidate subset.
+
+    Returns:
+        Distinct indices into ``x``. # shape: (M,)
+
+    Example:
+        >>> idx = greedy_inducing_subset(train_x, kernel, 64)
+    """
+    n = x.shape[0]
+    cand = torch.arange(n, device=x.device)
+    if n > max_points:
+        cand = torch.randperm(n, generator=generator)[:max_points].to(x.device)
+    nc = cand.numel()
+    m = min(check_positive_int(num_inducing, "num_inducing"), nc)
+    with torch.no_grad():
+        resid = kernel(x[cand]).to_dense().detach()
+        resid = resid.reshape(-1, nc, nc)[0].clone()  # shape: (N_c, N_c)
+        tiny = 1e-12 * float(resid.diagonal().max().clamp_min(1e-30))
+        free = torch.ones(nc, dtype=torch.bool, device=x.device)
+        chosen = []
+        sq = (resid**2).sum(0)  # squared column norms of the residual
+        for _ in range(m):
+            d = resid.diagonal()
+            score = sq / d.clamp_min(tiny)
+            score = torch.where(free & (d > tiny), score, torch.full_like(score, -1.0))
+            i = int(score.argmax())
+            if float(score[i]) < 0:  # residual exhausted: fill up with the remaining points
+                chosen.extend(torch.nonzero(free).flatten()[: m - len(chosen)].tolist())
+                break
+            chosen.append(i)
+            free[i] = False
+            col = resid[:, i] / d[i].sqrt()
+            rc = resid @ col
+            # ||(R - c c^T)[:, k]||^2 = ||R[:, k]||^2 - 2 c_k (R c)_k + c_k^2 ||c||^2
+            sq = (sq - 2 * col * rc + col**2 * (col @ col)).clamp_min(0)
+            resid.addr_(col, col, alpha=-1.0)
+    return cand[torch.tensor(chosen, dtype=torch.long, device=x.device)]
+
+
+class _KernelExpansionMean(gpytorch.means.Mean):
+    r"""``m_Q(x) = m_P(x) + k(x, C) K_CC^{-1} v (+ g(x))``: a kernel expansion on fixed centres ``C``.
+
+    With the frozen prior kernel this spans the sparse-GP posterior means; ``v`` are the values
+    of the expansion at the centres (so an optimiser step on ``v`` is a step in the units of the
+    targets, unlike a step on the expansion weights :math:`K_{CC}^{-1} v`, whose scale follows
+    the conditioning of :math:`K_{CC}`).  The optional network ``g`` (a
+    :class:`~gpext.variational.WassersteinNetworkMean`) adds flexibility; its output layer
+    starts at zero so that the mean starts at the kernel expansion.
     """
 
     def __init__(
-        self, prior_mean, kernel, centers: torch.Tensor, net: torch.nn.Module | None = None
+        self,
+        prior_mean,
+        kernel,
+        centers: torch.Tensor,
+        net: torch.nn.Module | None = None,
+        jitter: float | None = None,
     ):
         super().__init__()
         self.prior_mean = prior_mean
         self.kernel = kernel
+        self.jitter = jitter
         self.register_buffer("centers", centers.detach().clone())
         batch = prior_mean(centers[:1]).shape[:-1]
-        self.weights = torch.nn.Parameter(
+        self.values = torch.nn.Parameter(
             torch.zeros(*batch, centers.shape[-2], dtype=centers.dtype)
         )
         self.net = net
+        if net is not None:
+            last = [mod for mod in net.modules() if isinstance(mod, torch.nn.Linear)]
+            if last:
+                with torch.no_grad():
+                    last[-1].weight.zero_()
+                    if last[-1].bias is not None:
+                        last[-1].bias.zero_()
+
+    def _chol(self) -> torch.Tensor:
+        # With a frozen kernel (GWI's prior) the factor is a constant: cache it, keyed on the
+        # version counters of the kernel's parameters and the centres (in-place updates such
+        # as load_state_dict bump them).
+        params = list(self.kernel.parameters())
+        frozen = not any(p.requires_grad for p in params)
+        key = (*(p._version for p in params), self.centers._version, self.centers.dtype)
+        if frozen and getattr(self, "_chol_cache", None) is not None:
+            if self._chol_cache[0] == key:
+                return self._chol_cache[1]
+        kcc = self.kernel(self.centers).to_dense()  # shape: (*batch, C, C)
+        scale = float(kcc.diagonal(dim1=-2, dim2=-1).mean().detach())
+        jitter = self.jitter
+        if jitter is None:  # relative; raised with a NumericalWarning if K_CC needs more
+            jitter = 1e-8 if kcc.dtype == torch.float64 else 1e-5
+        chol = safe_cholesky(kcc, jitter=jitter * scale, name="K_CC")
+        self._chol_cache = (key, chol.detach()) if frozen else None
+        return chol
+
+    def initialize_posterior(self, x: torch.Tensor, y: torch.Tensor, noise_variance: float) -> None:
+        r"""Set ``v`` so that :math:`m_Q` is the sparse-GP (Titsias) posterior mean.
+
+        .. math::
+
+            v = K_{CC} (\sigma^2 K_{CC} + K_{CX} K_{XC})^{-1} K_{CX} (y - m_P(X))
+
+        with the centres ``C`` as inducing inputs: the mean that goes with the initial
+        :math:`L = \operatorname{chol}((K_{CC} + K_{CX}K_{XC}/\sigma^2)^{-1})`.
+
+        Args:
+            x: Training inputs. # shape: (N, D)
+            y: Training targets. # shape: (N,)
+            noise_variance: Observation-noise variance of the fitted prior.
+        """
+        with torch.no_grad():
+            # whitened and well conditioned: with L_C L_C^T = K_CC and A = L_C^{-1} K_CX,
+            # v = L_C (sigma^2 I + A A^T)^{-1} A (y - m_P(X))
+            lcc = self._chol()  # shape: (*batch, C, C)
+            kcx = self.kernel(self.centers, x).to_dense()  # shape: (*batch, C, N)
+            a = torch.linalg.solve_triangular(lcc, kcx, upper=False)
+            rhs = a @ (y - self.prior_mean(x)).unsqueeze(-1)  # shape: (*batch, C, 1)
+            eye = torch.eye(a.shape[-2], dtype=a.dtype, device=a.device)
+            chol = safe_cholesky(noise_variance * eye + a @ a.mT, jitter=0.0, name="I + A A^T")
+            v = lcc @ torch.cholesky_solve(rhs, chol)
+            self.values.copy_(v.squeeze(-1).expand_as(self.values))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kxc = self.kernel(x, self.centers).to_dense()  # shape: (*batch, N, C)
-        out = self.prior_mean(x) + (kxc @ self.weights.unsqueeze(-1)).squeeze(-1)
+        w = torch.cholesky_solve(self.values.unsqueeze(-1), self._chol())  # K_CC^{-1} v
+        out = self.prior_mean(x) + (kxc @ w).squeeze(-1)
         if self.net is not None:
             out = out + self.net(x)
         return out
@@ -213,6 +347,9 @@ class GWIModel(gpytorch.models.ApproximateGP):
         self.num_latents = num_latents
         self.register_buffer("temperature", torch.tensor(1.0))
 
+    #: ``(low, high)`` of the default temperature grid of :meth:`calibrate_temperature`.
+    default_temperature_range: tuple[float, float] = (0.5, 100.0)
+
     def forward(self, x: torch.Tensor) -> MultivariateNormal:
         """The prior :math:`\\mathcal N(m_P(x), k(x, x))`. # x shape: (*batch, N, D)"""
         mean = self.prior_mean(x)
@@ -276,6 +413,11 @@ class GWIModel(gpytorch.models.ApproximateGP):
         opt = torch.optim.Adam(params, lr=lr)
         history: dict[str, list[float]] = {"loss": [], "w2": [], "val_nll": [], "val_epoch": []}
         best, best_state = math.inf, None
+        if x_val is not None:  # the initial state competes too (Q starts at a sparse posterior)
+            best = self._validation_nll(likelihood, x_val, y_val, 1.0)
+            history["val_nll"].append(best)
+            history["val_epoch"].append(0)
+            best_state = (copy.deepcopy(self.state_dict()), copy.deepcopy(likelihood.state_dict()))
         for epoch in progress_bar(range(epochs), desc="GWI", show=show_progress):
             self.train()
             likelihood.train()
@@ -335,13 +477,13 @@ class GWIModel(gpytorch.models.ApproximateGP):
         r"""Pick the likelihood temperature :math:`T` on a validation split and store it.
 
         The tempered predictive is :math:`p_T(y_* \mid x_*) \propto p(y_* \mid x_*)^{1/T}`; ``T`` is
-        the grid value (default 31 log-spaced values in ``[0.5, 100]``) with the lowest validation
-        NLL, refined by a golden-section search between its grid neighbours (so it never leaves
-        the grid's range).  The default grid does not sharpen by more than ``T = 0.5``: on a
-        small validation split that the model already separates, the validation NLL keeps
-        falling as ``T -> 0``, and a tiny ``T`` makes test predictions arbitrarily overconfident
-        (classification probabilities far below the robust-max floor ``eps / (J - 1)``).  Pass
-        an explicit ``grid`` to search elsewhere.
+        the grid value (default 31 log-spaced values in ``default_temperature_range``) with the
+        lowest validation NLL, refined by a golden-section search between its grid neighbours
+        (so it never leaves the grid's range).  The classification default does not sharpen by
+        more than ``T = 0.5``: on a small validation split that the model already separates, the
+        validation NLL keeps falling as ``T -> 0``, and a tiny ``T`` makes test predictions
+        arbitrarily overconfident (probabilities far below the robust-max floor
+        ``eps / (J - 1)``).  Pass an explicit ``grid`` to search elsewhere.
 
         Args:
             likelihood: The trained likelihood.
@@ -357,7 +499,10 @@ class GWIModel(gpytorch.models.ApproximateGP):
         """
         if not isinstance(x_val, torch.Tensor):
             raise InputTypeError(expected_got("x_val", "a torch.Tensor", type(x_val).__name__))
-        grid = torch.logspace(math.log10(0.5), 2.0, 31) if grid is None else torch.as_tensor(grid)
+        if grid is None:
+            lo, hi = self.default_temperature_range
+            grid = torch.logspace(math.log10(lo), math.log10(hi), 31)
+        grid = torch.as_tensor(grid)
         if not bool((grid > 0).all()):
             raise InputDataError(
                 expected_got("calibrate_temperature.grid", "positive temperatures", grid.tolist())

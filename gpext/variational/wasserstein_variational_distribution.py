@@ -33,7 +33,17 @@ class WassersteinVariationalDistribution(_VariationalDistribution):
 
         r(x, x') = k(x, x') - k_{xZ} K_{ZZ}^{-1} k_{Zx'} + k_{xZ} L L^\top k_{Zx'}
 
-    Only the lower triangle of the parameter is used.  Initialisation: by default (called by the
+    Parameterisation: :math:`L = L_0 T` with a fixed lower-triangular base factor :math:`L_0`
+    (buffer ``base_factor``, set by the initialisation) and the learnable lower-triangular
+    :math:`T` (parameter ``chol_factor``, the identity after initialisation).  The product of
+    lower-triangular matrices is lower triangular and :math:`L L^\top` still ranges over all
+    PSD matrices, so the family of :math:`\mathbb Q` is unchanged; what changes is the scale of
+    the optimisation: the entries of :math:`\operatorname{chol}((K_{ZZ} +
+    K_{ZX}K_{XZ}/\sigma^2)^{-1})` are of order :math:`\sigma / \sqrt N` (1e-3 to 1e-2 on
+    standardised data), so a first-order optimiser with a step of 1e-2 on :math:`L` itself
+    inflates the covariance of :math:`\mathbb Q` many times over in its first steps, whereas
+    a step on :math:`T` changes :math:`L` by a relative amount.  Only the lower triangles of
+    both matrices are used.  Initialisation: by default (called by the
     strategy with the prior over the inducing values) :math:`L = \operatorname{chol}(K_{ZZ}^{-1})`,
     for which :math:`r = k` and :math:`\mathbb Q` has the prior covariance; with data,
     :meth:`initialize_from_data` sets
@@ -63,11 +73,12 @@ class WassersteinVariationalDistribution(_VariationalDistribution):
         super().__init__(num_inducing_points, batch_shape=batch_shape, mean_init_std=mean_init_std)
         eye = torch.eye(num_inducing_points).repeat(*batch_shape, 1, 1)
         self.register_parameter("chol_factor", torch.nn.Parameter(eye))
+        self.register_buffer("base_factor", eye.clone())
 
     @property
     def lower(self) -> torch.Tensor:
-        """The factor ``L`` with its strict upper triangle masked. # shape: (*batch, M, M)"""
-        return self.chol_factor.tril()
+        """The factor ``L = tril(L_0) tril(T)`` (lower triangular). # shape: (*batch, M, M)"""
+        return self.base_factor.tril() @ self.chol_factor.tril()
 
     def forward(self) -> MultivariateNormal:
         """:math:`\\mathcal N(0, L L^\\top)` over the coefficients ``a``."""
@@ -85,7 +96,8 @@ class WassersteinVariationalDistribution(_VariationalDistribution):
         jitter = 1e-10 * cov.diagonal(dim1=-2, dim2=-1).mean()
         lower = safe_cholesky(cov + jitter * eye, jitter=0.0, name="(K_ZZ + ...)^{-1}")
         with torch.no_grad():
-            self.chol_factor.copy_(lower.expand_as(self.chol_factor))
+            self.base_factor.copy_(lower.expand_as(self.base_factor))
+            self.chol_factor.copy_(torch.eye(lower.shape[-1]).to(self.chol_factor))
 
     def initialize_variational_distribution(self, prior_dist: MultivariateNormal) -> None:
         """Set ``L = chol(K_ZZ^{-1})`` from the prior over the inducing values (then ``r = k``)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from gpext.errors import InputDataError, ShapeError
 from gpext.models import GWIClassificationModel, GWIRegressionModel
+from gpext.variational import WassersteinNetworkMean
 
 
 def _regression_data(dtype, n=160, seed=0):
@@ -83,3 +85,136 @@ def test_model_input_errors():
         model.fit(lik, x, y, epochs=1, x_val=x)
     with pytest.raises(InputDataError, match="positive"):
         model.calibrate_temperature(lik, x, y, grid=torch.tensor([-1.0, 1.0]))
+
+
+class TestGWIModelParts:
+    """Greedy inducing subset, posterior-initialised kernel mean, validation early stopping."""
+
+    seed = 5
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_greedy_subset_matches_bruteforce_greedy(self, dtype):
+        import gpytorch
+
+        from gpext.models.gwi_model import greedy_inducing_subset
+
+        gen = torch.Generator().manual_seed(self.seed)
+        x = torch.randn(60, 2, generator=gen, dtype=dtype)
+        kernel = gpytorch.kernels.RBFKernel().to(dtype)
+        kernel.lengthscale = 0.7
+        idx = greedy_inducing_subset(x, kernel, 8)
+        assert idx.unique().numel() == 8
+        # reference: recompute the residual trace for every candidate at every step (numpy)
+        k = kernel(x).to_dense().detach().double().numpy()
+        chosen = []
+        for _ in range(8):
+            best, best_tr = None, None
+            for i in range(60):
+                if i in chosen:
+                    continue
+                s = chosen + [i]
+                ks = k[np.ix_(s, s)] + 1e-10 * np.eye(len(s))
+                tr = np.trace(k - k[:, s] @ np.linalg.solve(ks, k[s, :]))
+                if best_tr is None or tr < best_tr:
+                    best, best_tr = i, tr
+            chosen.append(best)
+        assert idx.tolist() == chosen
+
+        # and it leaves a smaller residual than random subsets of the same size
+        def trace(sel):
+            s = list(sel)
+            return np.trace(k - k[:, s] @ np.linalg.solve(k[np.ix_(s, s)], k[s, :]))
+
+        rand = [trace(torch.randperm(60, generator=gen)[:8].tolist()) for _ in range(20)]
+        assert trace(idx.tolist()) < min(rand)
+
+    def test_kernel_mean_starts_at_sparse_and_exact_posterior_mean(self):
+        import gpytorch
+
+        from gpext.models.gwi_model import _KernelExpansionMean
+
+        x, y, gen = _regression_data(torch.float64, n=50, seed=self.seed)
+        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+        prior_mean = gpytorch.means.ConstantMean().double()
+        prior_mean.constant.data.fill_(0.2)
+        s2 = 0.05
+        xs = torch.linspace(-3, 3, 7, dtype=torch.float64).unsqueeze(-1)
+        k = lambda a, b: kernel(a, b).to_dense().detach().numpy()  # noqa: E731
+        r = (y - 0.2).numpy()
+        # centres = all data: the exact GP posterior mean
+        mean = _KernelExpansionMean(prior_mean, kernel, x, net=WassersteinNetworkMean(1).double())
+        mean.initialize_posterior(x, y, s2)
+        exact = 0.2 + k(xs, x) @ np.linalg.solve(k(x, x) + s2 * np.eye(50), r)
+        # (the relative jitter 1e-8 of the ill-conditioned K_XX limits the agreement)
+        assert np.allclose(mean(xs).detach().numpy(), exact, atol=1e-5)
+        # 10 centres: Titsias' sparse posterior mean
+        c = x[:10]
+        mean = _KernelExpansionMean(prior_mean, kernel, c)
+        mean.initialize_posterior(x, y, s2)
+        kcx = k(c, x)
+        sparse = 0.2 + k(xs, c) @ np.linalg.solve(s2 * k(c, c) + kcx @ kcx.T, kcx @ r)
+        assert np.allclose(mean(xs).detach().numpy(), sparse, atol=1e-4)  # cond(K_CC) ~ 5e5
+
+    def test_fit_keeps_best_validation_state_including_the_start(self):
+        x, y, gen = _regression_data(torch.float64, n=120, seed=self.seed)
+        model, lik = GWIRegressionModel.from_data(
+            x[20:], y[20:], num_inducing=15, prior_steps=30, generator=gen
+        )
+        start = model._validation_nll(lik, x[:20], y[:20], 1.0)
+        hist = model.fit(
+            lik, x[20:], y[20:], epochs=4, batch_size=50, lr=0.5, x_val=x[:20], y_val=y[:20],
+            generator=gen,
+        )  # fmt: skip
+        assert hist["val_epoch"][0] == 0 and hist["val_nll"][0] == pytest.approx(start)
+        final = model._validation_nll(lik, x[:20], y[:20], 1.0)
+        assert final == pytest.approx(min(hist["val_nll"])) and final <= start + 1e-9
+
+    def test_regression_temperature_can_sharpen_below_half(self):
+        x, y, gen = _regression_data(torch.float64, n=100, seed=self.seed)
+        model, lik = GWIRegressionModel.from_data(x, y, num_inducing=10, prior_steps=20)
+        model.fit(lik, x, y, epochs=1, batch_size=100, lr=1e-3, generator=gen)
+        xv, yv, _ = _regression_data(torch.float64, n=60, seed=self.seed + 1)
+        with torch.no_grad():
+            lik.noise = 0.05  # five times the true noise variance 0.01
+        t = model.calibrate_temperature(lik, xv, yv)
+        cache = model._predictive_cache(lik, xv)
+        z2 = float((((yv - cache[0]) ** 2) / cache[1]).mean())  # closed-form optimum
+        assert t < 0.5 and t == pytest.approx(z2, rel=1e-3)
+
+    def test_image_mean_is_a_small_cnn_and_bad_inducing_option(self):
+        from gpext.nn import SmallCNN
+
+        gen = torch.Generator().manual_seed(self.seed)
+        x = torch.rand(40, 64, generator=gen, dtype=torch.float64)
+        y = torch.arange(4).repeat(10)
+        model, lik = GWIClassificationModel.from_data(
+            x, y, 4, image_shape=(1, 8, 8), prior_steps=2, generator=gen
+        )
+        assert isinstance(model.variational_strategy.mean_module.net, SmallCNN)
+        assert model.variational_strategy.mean_module(x[:5]).shape == (4, 5)
+        with pytest.raises(InputDataError, match="inducing"):
+            GWIClassificationModel.from_data(x, y, 4, prior_steps=1, inducing="kmeans")
+        with pytest.raises(InputDataError, match="inducing"):
+            GWIRegressionModel.from_data(x[:, :2], x[:, 0], prior_steps=1, inducing="kmeans")
+
+    def test_classification_prior_scale_is_normalised(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        x = torch.randn(60, 2, generator=gen, dtype=torch.float64)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+        kept, _ = GWIClassificationModel.from_data(
+            x, y, 3, prior_steps=10, prior_outputscale=None,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        scaled, _ = GWIClassificationModel.from_data(
+            x, y, 3, prior_steps=10, generator=torch.Generator().manual_seed(0)
+        )
+        ls = kept.covar_module.base_kernel.lengthscale
+        assert float(kept.covar_module.outputscale) < 0.5  # the one-hot fit: about 0.1
+        assert float(scaled.covar_module.outputscale) == pytest.approx(1.0)
+        assert torch.allclose(scaled.covar_module.base_kernel.lengthscale, ls)
+        # Q starts at the same posterior, up to the common scale of the latents
+        with torch.no_grad():
+            ratio = scaled(x[:5]).variance / kept(x[:5]).variance
+        assert torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), rtol=1e-3)  # jitter
+        with pytest.raises(InputDataError, match="prior_outputscale"):
+            GWIClassificationModel.from_data(x, y, 3, prior_steps=1, prior_outputscale=-1.0)
