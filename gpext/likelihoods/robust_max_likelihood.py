@@ -321,7 +321,7 @@ class RobustMaxLikelihood(Likelihood):
         return sd, xi, logw
 
     def _two_class_z(self, mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """For ``J = 2``, :math:`S_y = \Phi(z)` exactly, :math:`z = (m_y - m_o)/\sqrt{v_y + v_o}`.
+        r"""For ``J = 2``, :math:`S_y = \Phi(z)` exactly, :math:`z = (m_y - m_o)/\sqrt{v_y + v_o}`.
 
         With two independent Gaussian latents, :math:`f_y - f_o` is Gaussian, so no quadrature
         is needed.  Shapes: mean/var (P, 2), y (P,); returns (P,).
