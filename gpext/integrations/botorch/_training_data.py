@@ -8,7 +8,7 @@ from botorch.models.model import Model
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query
 
-__all__ = ["attach_training_data", "labels_from_targets"]
+__all__ = ["TrainingDataMixin", "attach_training_data", "labels_from_targets"]
 
 
 def attach_training_data(
@@ -90,3 +90,40 @@ def labels_from_targets(train_Y: torch.Tensor, num_classes: int, what: str) -> t
             expected_got(f"{what} train_Y", f"whole numbers in [0, {num_classes})", "other values")
         )
     return y.round().long()
+
+
+class TrainingDataMixin:
+    """Constructor shared by the adapter base classes: optional training data and transforms.
+
+    Put it before the BoTorch base class (``class A(TrainingDataMixin, Model)``); it stores
+    ``train_X``/``train_Y`` with :func:`attach_training_data` and leaves the transformation of the
+    training inputs to :func:`~gpext.integrations.botorch.fit_gpext_surrogate`.
+    """
+
+    _input_dim: int | None = None
+
+    def __init__(
+        self,
+        *,
+        train_X: torch.Tensor | None = None,
+        train_Y: torch.Tensor | None = None,
+        input_transform: torch.nn.Module | None = None,
+        outcome_transform: torch.nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        attach_training_data(
+            self,
+            train_X,
+            train_Y,
+            input_transform,
+            outcome_transform,
+            input_dim=self._input_dim,
+            what=type(self).__name__,
+        )
+
+    # the adapters transform their training inputs explicitly (fit_gpext_surrogate)
+    def _set_transformed_inputs(self) -> None:
+        return None
+
+    def _revert_to_original_inputs(self) -> None:
+        return None

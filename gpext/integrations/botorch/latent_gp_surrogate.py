@@ -15,12 +15,12 @@ from linear_operator.operators import DiagLinearOperator
 
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
-from gpext.integrations.botorch._training_data import attach_training_data
+from gpext.integrations.botorch._training_data import TrainingDataMixin
 
 __all__ = ["LatentGPSurrogate"]
 
 
-class LatentGPSurrogate(Model, ABC):
+class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
     r"""A BoTorch ``Model`` whose posterior is the Gaussian latent posterior of a gpext GP.
 
     For a query ``X`` of shape ``batch_shape x q x d`` the posterior is the joint Gaussian
@@ -53,34 +53,6 @@ class LatentGPSurrogate(Model, ABC):
         outcome_transform: A BoTorch ``OutcomeTransform`` (regression only); applied to
             ``train_Y`` at construction.
     """
-
-    _input_dim: int | None = None
-
-    def __init__(
-        self,
-        *,
-        train_X: torch.Tensor | None = None,
-        train_Y: torch.Tensor | None = None,
-        input_transform: torch.nn.Module | None = None,
-        outcome_transform: torch.nn.Module | None = None,
-    ) -> None:
-        super().__init__()
-        attach_training_data(
-            self,
-            train_X,
-            train_Y,
-            input_transform,
-            outcome_transform,
-            input_dim=self._input_dim,
-            what=type(self).__name__,
-        )
-
-    # the adapters transform their training inputs explicitly (fit_gpext_surrogate)
-    def _set_transformed_inputs(self) -> None:
-        return None
-
-    def _revert_to_original_inputs(self) -> None:
-        return None
 
     @property
     def num_outputs(self) -> int:

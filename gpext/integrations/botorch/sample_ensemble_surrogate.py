@@ -12,12 +12,12 @@ from botorch.posteriors.ensemble import EnsemblePosterior
 
 from gpext.errors import InputDataError, NotFittedError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
-from gpext.integrations.botorch._training_data import attach_training_data
+from gpext.integrations.botorch._training_data import TrainingDataMixin
 
 __all__ = ["SampleEnsembleSurrogate"]
 
 
-class SampleEnsembleSurrogate(EnsembleModel, ABC):
+class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     r"""A BoTorch ``EnsembleModel`` over ``S`` sampled functions :math:`f^{(1)}, \dots, f^{(S)}`.
 
     The posterior at ``X`` (``batch_shape x q x d``) is the
@@ -47,34 +47,6 @@ class SampleEnsembleSurrogate(EnsembleModel, ABC):
         outcome_transform: BoTorch ``OutcomeTransform``; member values are untransformed (as in
             ``EnsembleModel.posterior``).
     """
-
-    _input_dim: int | None = None
-
-    def __init__(
-        self,
-        *,
-        train_X: torch.Tensor | None = None,
-        train_Y: torch.Tensor | None = None,
-        input_transform: torch.nn.Module | None = None,
-        outcome_transform: torch.nn.Module | None = None,
-    ) -> None:
-        super().__init__()
-        attach_training_data(
-            self,
-            train_X,
-            train_Y,
-            input_transform,
-            outcome_transform,
-            input_dim=self._input_dim,
-            what=type(self).__name__,
-        )
-
-    # the adapters transform their training inputs explicitly (fit_gpext_surrogate)
-    def _set_transformed_inputs(self) -> None:
-        return None
-
-    def _revert_to_original_inputs(self) -> None:
-        return None
 
     @property
     def batch_shape(self) -> torch.Size:
