@@ -258,7 +258,7 @@ def main() -> None:
     extra = {"config": cfg, "threads": args.threads, "quick": args.quick, "runs": runs,
              "goals": goals, "fallbacks": FALLBACKS}  # fmt: skip
     write_results("bo", rows, out_dir(args), extra=extra,
-                  title="Bayesian optimisation with gpext surrogates")  # fmt: skip
+                  title="Bayesian optimisation with gpext surrogates", markdown_skip=("runs",))  # fmt: skip
 
 
 if __name__ == "__main__":

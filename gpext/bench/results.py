@@ -94,6 +94,7 @@ def write_results(
     command: str | None = None,
     extra: dict | None = None,
     title: str | None = None,
+    markdown_skip: Sequence[str] = (),
 ) -> tuple[Path, Path]:
     """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``.
 
@@ -104,6 +105,8 @@ def write_results(
         command: Command that produced the rows (default: this process's command line).
         extra: Additional top-level JSON fields (e.g. goals met, machine info).
         title: Heading of the markdown file.
+        markdown_skip: Keys of ``extra`` kept out of the markdown file (e.g. long per-seed
+            dumps); they are still written to the JSON, and the markdown says so.
 
     Returns:
         The paths of the JSON and markdown files.
@@ -119,7 +122,10 @@ def write_results(
     md = [f"# {title or name}", "", f"Command: `{command}`", "", format_markdown_table(rows)]
     if extra:
         for k, v in extra.items():
-            md.append(f"**{k}**: {json.dumps(v, default=float)}\n")
+            if k in markdown_skip:
+                md.append(f"**{k}**: in `{name}.json`\n")
+            else:
+                md.append(f"**{k}**: {json.dumps(v, default=float)}\n")
     md_path = out / f"{name}.md"
     md_path.write_text("\n".join(md))
     return json_path, md_path

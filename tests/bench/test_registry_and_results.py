@@ -80,6 +80,18 @@ def test_write_results_layout(tmp_path):
     assert "| dataset | method | rmse |" in md and "| d | m | 0.5000 |" in md
 
 
+def test_write_results_markdown_skip_keeps_json_complete(tmp_path):
+    runs = [{"seed": i, "regret": float(i)} for i in range(3)]
+    jp, mp = write_results(
+        "demo", [{"dataset": "d", "method": "m"}], tmp_path, command="c",
+        extra={"runs": runs, "goals": {"g": False}}, markdown_skip=("runs",),
+    )  # fmt: skip
+    assert json.loads(jp.read_text())["runs"] == runs
+    md = mp.read_text()
+    assert "**runs**: in `demo.json`" in md and '"regret"' not in md
+    assert '**goals**: {"g": false}' in md
+
+
 def test_markdown_table_formats_small_and_large_numbers():
     table = format_markdown_table([{"x": 1e-5, "y": 123456.0, "z": "s"}])
     assert "1.000e-05" in table and "1.235e+05" in table and "| s |" in table
