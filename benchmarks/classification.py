@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         sources = {(r["dataset"], r["method"]): r["source"] for r in per_split if "source" in r}
         for r in summary:
             if (r["dataset"], r["method"]) in sources:
-                r["source"] = "earlier run"
+                src = sources[(r["dataset"], r["method"])]
+                r["source"] = "this session" if src.startswith("this session") else "earlier run"
         extra.update(
             goals=evaluate_goals(summary),
             protocol=protocol,
