@@ -16,13 +16,17 @@ and prediction :math:`\mathbb Q(Y_* = j) = (1-\epsilon) S(x_*, j) + \frac{\epsil
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.models.gwi_model import GWIModel, fit_exact_prior, greedy_inducing_subset
+from gpext.models.gwi_model import (
+    GWIModel,
+    _check_inducing_choice,
+    _inducing_indices,
+    fit_exact_prior,
+)
 from gpext.nn import SmallCNN
 from gpext.utils import check_finite, check_labels, check_positive_int
 from gpext.variational import WassersteinNetworkMean
@@ -126,6 +130,7 @@ class GWIClassificationModel(GWIModel):
                 )
             )
         check_finite(x, "x")
+        _check_inducing_choice(inducing)
         y = check_labels(y, j, "y").to(x.device)
         n, d = x.shape
         onehot = torch.nn.functional.one_hot(y, j).to(x) - 1.0 / j
@@ -154,13 +159,7 @@ class GWIClassificationModel(GWIModel):
             if image_shape is not None:
                 net = SmallCNN(j, image_shape=image_shape)
             mean_module = WassersteinNetworkMean(d, j, net=net)
-        m = num_inducing or math.ceil(math.sqrt(n))
-        if inducing == "greedy":
-            idx = greedy_inducing_subset(x, kernel, m, generator=generator)
-        elif inducing == "random":
-            idx = torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
-        else:
-            raise InputDataError(expected_got("inducing", "'greedy' or 'random'", repr(inducing)))
+        idx = _inducing_indices(x, kernel, num_inducing, inducing, generator)
         model = cls(
             x[idx].clone(), kernel, mean_module=mean_module, num_latents=j,
             num_subsample=num_subsample, learn_inducing_locations=learn_inducing_locations,

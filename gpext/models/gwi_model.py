@@ -193,6 +193,31 @@ def greedy_inducing_subset(
     return cand[torch.tensor(chosen, dtype=torch.long, device=x.device)]
 
 
+_INDUCING_CHOICES = ("greedy", "random")
+
+
+def _check_inducing_choice(inducing: str) -> None:
+    """Raise before any fitting if ``inducing`` is not a known way of picking ``Z``."""
+    if inducing not in _INDUCING_CHOICES:
+        raise InputDataError(expected_got("inducing", "'greedy' or 'random'", repr(inducing)))
+
+
+def _inducing_indices(
+    x: torch.Tensor,
+    kernel: gpytorch.kernels.Kernel,
+    num_inducing: int | None,
+    inducing: str,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Indices of the data points used as ``Z`` (default ``M = ceil(sqrt(N))``)."""
+    _check_inducing_choice(inducing)
+    n = x.shape[0]
+    m = num_inducing or math.ceil(math.sqrt(n))
+    if inducing == "greedy":
+        return greedy_inducing_subset(x, kernel, m, generator=generator)
+    return torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
+
+
 class _KernelExpansionMean(gpytorch.means.Mean):
     r"""``m_Q(x) = m_P(x) + k(x, C) K_CC^{-1} v (+ g(x))``: a kernel expansion on fixed centres ``C``.
 

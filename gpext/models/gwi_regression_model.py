@@ -22,9 +22,10 @@ import torch
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.models.gwi_model import (
     GWIModel,
+    _check_inducing_choice,
+    _inducing_indices,
     _KernelExpansionMean,
     fit_exact_prior,
-    greedy_inducing_subset,
 )
 from gpext.utils import check_finite
 from gpext.variational import WassersteinNetworkMean
@@ -117,6 +118,7 @@ class GWIRegressionModel(GWIModel):
                 )
             )
         check_finite(x, "x")
+        _check_inducing_choice(inducing)
         check_finite(y, "y")
         n = x.shape[0]
         prior_mean, kernel, noise = fit_exact_prior(
@@ -127,13 +129,7 @@ class GWIRegressionModel(GWIModel):
             generator=generator,
             show_progress=show_progress,
         )
-        m = num_inducing or math.ceil(math.sqrt(n))
-        if inducing == "greedy":
-            idx = greedy_inducing_subset(x, kernel, m, generator=generator)
-        elif inducing == "random":
-            idx = torch.randperm(n, generator=generator)[: min(m, n)].to(x.device)
-        else:
-            raise InputDataError(expected_got("inducing", "'greedy' or 'random'", repr(inducing)))
+        idx = _inducing_indices(x, kernel, num_inducing, inducing, generator)
         if mean_module is None and mean != "network":
             if mean not in ("kernel", "kernel+network"):
                 raise InputDataError(
