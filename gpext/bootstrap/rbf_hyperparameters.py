@@ -56,6 +56,7 @@ def fit_rbf_hyperparameters(
     num_iters: int = 30,
     lr: float = 0.1,
     optimizer: str = "lbfgs",
+    fallback_iters: int = 300,
     generator: torch.Generator | None = None,
 ) -> RBFHyperparameters:
     r"""Fit a shared ARD RBF kernel, per-output constant means and (optionally) a noise level.
@@ -79,6 +80,7 @@ def fit_rbf_hyperparameters(
         num_iters: Iterations (L-BFGS: maximum function evaluations).
         lr: Adam learning rate (ignored by L-BFGS).
         optimizer: ``"lbfgs"`` (strong-Wolfe line search) or ``"adam"``.
+        fallback_iters: Adam steps (at ``lr``) of the fallback fit when L-BFGS fails.
         generator: Random generator for the subset.
 
     Returns:
@@ -91,7 +93,7 @@ def fit_rbf_hyperparameters(
     Warns:
         NumericalWarning: If the L-BFGS fit failed (a NaN loss or hyperparameter, or a failed
             Cholesky factorisation, seen on data sets of 10-20 points) and the fit was redone
-            with Adam (at least 100 steps at ``lr``) from the initial values.
+            with ``fallback_iters`` Adam steps at ``lr`` from the initial values.
 
     Example:
         >>> x = torch.randn(100, 2, dtype=torch.float64)
@@ -101,6 +103,7 @@ def fit_rbf_hyperparameters(
     """
     num_points = check_positive_int(num_points, "fit_rbf_hyperparameters.num_points")
     num_iters = check_positive_int(num_iters, "fit_rbf_hyperparameters.num_iters")
+    fallback_iters = check_positive_int(fallback_iters, "fit_rbf_hyperparameters.fallback_iters")
     if optimizer not in ("lbfgs", "adam"):
         raise InputDataError(
             expected_got("fit_rbf_hyperparameters.optimizer", "'lbfgs' or 'adam'", repr(optimizer))
@@ -139,7 +142,7 @@ def fit_rbf_hyperparameters(
             NumericalWarning,
             stacklevel=2,
         )
-        hp = _fit_once(xs, ys, noise, idx, x.shape[-1], "adam", max(num_iters, 100), lr)
+        hp = _fit_once(xs, ys, noise, idx, x.shape[-1], "adam", fallback_iters, lr)
     if hp is None:
         raise NumericalError(
             f"fit_rbf_hyperparameters: the marginal-likelihood fit ({optimizer}) produced "
