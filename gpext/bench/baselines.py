@@ -96,21 +96,45 @@ def fit_svgp(
     generator: torch.Generator,
     show_progress: bool | None = None,
     desc: str = "svgp",
+    network: torch.nn.Module | None = None,
+    network_lr: float | None = None,
+    lr_schedule: str = "constant",
+    min_batch_size: int = 1,
 ) -> None:
-    """Minibatch Adam on the variational ELBO, data reshuffled each epoch."""
+    """Minibatch Adam on the variational ELBO, data reshuffled each epoch.
+
+    Args:
+        lr: Learning rate of the GP (and, without ``network``, of every) parameter.
+        network: A feature extractor inside ``model`` whose parameters get ``network_lr``.
+        lr_schedule: ``"constant"`` or ``"cosine"`` (annealed to 0 over all steps).
+        min_batch_size: Minibatches smaller than this (the last one of an epoch) are skipped.
+    """
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
-    opt = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)
+    net = set() if network is None else {id(p) for p in network.parameters()}
+    params = [*model.parameters(), *likelihood.parameters()]
+    groups = [{"params": [p for p in params if id(p) not in net], "lr": lr}]
+    if network is not None:
+        groups.append({"params": list(network.parameters()), "lr": network_lr or lr})
+    opt = torch.optim.Adam(groups)
+    n = x.shape[0]
+    sched = None
+    if lr_schedule == "cosine":
+        steps = epochs * sum(1 for s in range(0, n, batch_size) if n - s >= min_batch_size)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1), eta_min=0.0)
     model.train()
     likelihood.train()
-    n = x.shape[0]
     for _ in progress_bar(range(epochs), desc=desc, show=show_progress):
         perm = torch.randperm(n, generator=generator).to(x.device)
         for start in range(0, n, batch_size):
             idx = perm[start : start + batch_size]
+            if idx.numel() < min_batch_size:
+                continue
             opt.zero_grad()
             loss = -mll(model(x[idx]), y[idx])
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
     model.eval()
     likelihood.eval()
 

@@ -22,7 +22,7 @@ import gpytorch
 import torch
 from torch import nn
 
-from gpext.bench.baselines import SVGPModel, select_inducing_points
+from gpext.bench.baselines import SVGPModel, fit_svgp, select_inducing_points
 from gpext.bench.registry import BenchConfig, Prediction, register_method
 from gpext.data import DatasetSplit
 from gpext.models import InducingGPNetwork
@@ -87,34 +87,12 @@ def fit_variational(
     schedule is the one :meth:`gpext.models.InducingGPNetwork.fit` uses, so that the
     baselines are trained exactly like IGN.
     """
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
-    net = set() if network is None else {id(p) for p in network.parameters()}
-    params = [*model.parameters(), *likelihood.parameters()]
-    groups = [{"params": [p for p in params if id(p) not in net], "lr": budget["gp_lr"]}]
-    if network is not None:
-        groups.append({"params": list(network.parameters()), "lr": budget["lr"]})
-    opt = torch.optim.Adam(groups)
-    n, bs = x.shape[0], budget["batch_size"]
-    steps = budget["epochs"] * sum(1 for s in range(0, n, bs) if n - s >= 2)
-    sched = None
-    if budget.get("lr_schedule", "constant") == "cosine":
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.0)
-    model.train()
-    likelihood.train()
-    for _ in progress_bar(range(budget["epochs"]), desc=desc, show=show_progress):
-        perm = torch.randperm(n, generator=generator).to(x.device)
-        for start in range(0, n, bs):
-            idx = perm[start : start + bs]
-            if idx.numel() < 2:
-                continue
-            opt.zero_grad()
-            loss = -mll(model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-    model.eval()
-    likelihood.eval()
+    fit_svgp(
+        model, likelihood, x, y, epochs=budget["epochs"], batch_size=budget["batch_size"],
+        lr=budget["gp_lr"], generator=generator, show_progress=show_progress, desc=desc,
+        network=network, network_lr=budget["lr"],
+        lr_schedule=budget.get("lr_schedule", "constant"), min_batch_size=2,
+    )  # fmt: skip
 
 
 def make_embedding(split: DatasetSplit, out_features: int | None = None) -> nn.Module:
