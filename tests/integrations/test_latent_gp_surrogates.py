@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -128,6 +130,41 @@ class TestLatentGPSurrogates(BotorchTestCase):
             noise = np.where(labels == c, v["pos_noise"], v["neg_noise"]) + extra
             ref = kss - ks.T @ np.linalg.solve(k + np.diag(noise), ks)
             np.testing.assert_allclose(cov[c::2, c::2], ref, atol=1e-8)
+
+    def test_dirichlet_training_factors_cached_in_eval_mode(self):
+        for sparse in (False, True):
+            model = copy.deepcopy(dirichlet(torch.float64, sparse=sparse))  # mutated below
+            x = torch.rand(3, 2, D, dtype=torch.float64)
+            model._factor_cache = None
+            first = model.posterior(x).mean
+            factors = model._factor_cache[2]
+            self.assertIs(model._train_factors(x), factors)  # reused, not recomputed
+            # the cached path equals a fresh computation (train mode recomputes)
+            model.train()
+            fresh = model.posterior(x).mean
+            model.eval()
+            self.assertTrue(torch.allclose(first, fresh, atol=1e-12))
+            # gradients reach the query points through the cached factors, twice in a row
+            for _ in range(2):
+                xq = x.clone().requires_grad_(True)
+                model.posterior(xq).mean.sum().backward()
+                self.assertTrue(torch.isfinite(xq.grad).all() and xq.grad.abs().sum() > 0)
+            # an in-place parameter change (an optimiser step) invalidates the cache
+            with torch.no_grad():
+                model.model.kernel.base_kernel.raw_lengthscale.add_(0.5)
+            changed = model.posterior(x).mean
+            self.assertIsNot(model._factor_cache[2], factors)
+            self.assertFalse(torch.allclose(changed, first))
+            model.train()
+            self.assertTrue(torch.allclose(model.posterior(x).mean, changed, atol=1e-12))
+            model.eval()
+        # train mode: gradients reach the hyperparameters
+        model = copy.deepcopy(dirichlet(torch.float64))
+        model.train()
+        model.posterior(torch.rand(2, 1, D, dtype=torch.float64)).mean.sum().backward()
+        grad = model.model.kernel.base_kernel.raw_lengthscale.grad
+        self.assertTrue(grad is not None and bool(grad.abs().sum() > 0))
+        model.eval()
 
     def test_transforms_follow_botorch(self):
         for dtype in DTYPES:

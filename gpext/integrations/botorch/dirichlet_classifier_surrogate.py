@@ -2,8 +2,10 @@ r"""BoTorch adapter of :class:`gpext.models.DirichletGPClassifier`."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
@@ -101,32 +103,70 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
         noise = values["neg_noise"] + (values["pos_noise"] - values["neg_noise"]) * onehot + extra
         return x, resid, noise  # shapes: (N, D), (C, N), (C, N)
 
-    def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+    def _train_factors(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Training-side factors of the latent posterior, cached in eval mode.
+
+        They depend on the training set and the hyperparameters only, not on the query points,
+        so in eval mode (where an acquisition optimiser calls :meth:`posterior` many times)
+        they are computed once and reused while the training set, the parameters (tracked by
+        their in-place version counters), the dtype and the device stay the same.  As in
+        GPyTorch's prediction caches (``gpytorch.settings.detach_test_caches``, on by
+        default), cached factors are detached: gradients reach the query points, not the
+        hyperparameters.  In train mode, or with ``detach_test_caches`` off, they are
+        recomputed on every call and gradients reach the hyperparameters.
+        """
+        use_cache = not self.training and gpytorch.settings.detach_test_caches.on()
+        key = None
+        if use_cache:
+            params = tuple((q.data_ptr(), q._version) for q in self.model.parameters())
+            key = (X.dtype, X.device, params)
+            cached = getattr(self, "_factor_cache", None)
+            # the training set is compared by identity (the cache holds a reference to it)
+            if cached is not None and cached[0] is self.model._train and cached[1] == key:
+                return cached[2]
+        with torch.no_grad() if use_cache else contextlib.nullcontext():
+            factors = self._compute_train_factors(X)
+        if use_cache:
+            self._factor_cache = (self.model._train, key, factors)
+        return factors
+
+    def _compute_train_factors(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
         x, resid, noise = self._training_set(X)
+        kernel = self.model.kernel
+        z = self.model.inducing_points
+        if z is None:
+            chol = _chol(kernel(x).to_dense() + torch.diag_embed(noise), "K + D_c")  # (C, N, N)
+            alpha = torch.cholesky_solve(resid.unsqueeze(-1), chol)  # shape: (C, N, 1)
+            return {"x": x, "chol": chol, "alpha": alpha}
+        z = z.to(X)
+        m = z.shape[0]
+        eye = torch.eye(m, dtype=X.dtype, device=X.device)
+        chol_m = _chol(kernel(z).to_dense() + self.model.jitter * eye, "K_ZZ")
+        v = torch.linalg.solve_triangular(chol_m, kernel(z, x).to_dense(), upper=False)
+        b = eye + (v / noise.unsqueeze(-2)) @ v.T  # shape: (C, M, M)
+        chol_b = _chol(b, "I + V D_c^-1 V^T")
+        rhs = v @ (resid / noise).unsqueeze(-1)  # shape: (C, M, 1)
+        coef = torch.cholesky_solve(rhs, chol_b)
+        return {"z": z, "chol_m": chol_m, "chol_b": chol_b, "coef": coef}
+
+    def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+        factors = self._train_factors(X)
         kernel = self.model.kernel
         k_ss = kernel(X).to_dense().unsqueeze(-3)  # shape: (*b, 1, q, q)
         mu = self.model.class_means.to(X).unsqueeze(-1)  # shape: (C, 1)
-        z = self.model.inducing_points
-        if z is None:
-            k_ns = kernel(x, X).to_dense().unsqueeze(-3)  # shape: (*b, 1, N, q)
-            chol = _chol(kernel(x).to_dense() + torch.diag_embed(noise), "K + D_c")  # (C, N, N)
-            alpha = torch.cholesky_solve(resid.unsqueeze(-1), chol)  # shape: (C, N, 1)
-            mean = (k_ns.transpose(-1, -2) @ alpha).squeeze(-1) + mu
+        if "chol" in factors:
+            chol = factors["chol"]
+            k_ns = kernel(factors["x"], X).to_dense().unsqueeze(-3)  # shape: (*b, 1, N, q)
+            mean = (k_ns.transpose(-1, -2) @ factors["alpha"]).squeeze(-1) + mu
             w = torch.linalg.solve_triangular(chol, k_ns, upper=False)  # shape: (*b, C, N, q)
             cov = k_ss - w.transpose(-1, -2) @ w
         else:
-            z = z.to(X)
-            m = z.shape[0]
-            eye = torch.eye(m, dtype=X.dtype, device=X.device)
-            chol_m = _chol(kernel(z).to_dense() + self.model.jitter * eye, "K_ZZ")
-            v = torch.linalg.solve_triangular(chol_m, kernel(z, x).to_dense(), upper=False)
-            v_s = torch.linalg.solve_triangular(chol_m, kernel(z, X).to_dense(), upper=False)
+            chol_m, chol_b = factors["chol_m"], factors["chol_b"]
+            v_s = torch.linalg.solve_triangular(
+                chol_m, kernel(factors["z"], X).to_dense(), upper=False
+            )
             v_s = v_s.unsqueeze(-3)  # shape: (*b, 1, M, q)
-            b = eye + (v / noise.unsqueeze(-2)) @ v.T  # shape: (C, M, M)
-            chol_b = _chol(b, "I + V D_c^-1 V^T")
-            rhs = v @ (resid / noise).unsqueeze(-1)  # shape: (C, M, 1)
-            coef = torch.cholesky_solve(rhs, chol_b)
-            mean = (v_s.transpose(-1, -2) @ coef).squeeze(-1) + mu
+            mean = (v_s.transpose(-1, -2) @ factors["coef"]).squeeze(-1) + mu
             t = torch.linalg.solve_triangular(chol_b, v_s, upper=False)  # shape: (*b, C, M, q)
             cov = k_ss - v_s.transpose(-1, -2) @ v_s + t.transpose(-1, -2) @ t
         cov = 0.5 * (cov + cov.transpose(-1, -2))
