@@ -24,12 +24,16 @@ Monte Carlo on the exact digits model (``approx_vs_mc``).
 ``--reuse DATASET ...`` copies that dataset's rows from the existing results JSON (e.g. letter,
 whose two SVGP arms take about 15 minutes each on one thread) instead of running it; such rows
 are marked ``source: earlier run`` and their ``seconds_ratio`` comes from that earlier run.
+``--resume`` keeps the splits of the datasets being run that the existing results JSON already
+holds for every method (marked ``source: earlier run``) and runs only the missing ones, so
+``--splits htru2=10 --resume`` adds splits 5..9 to an existing five-split result.
 
 Usage::
 
     python benchmarks/classification.py --quick     # about two minutes
     python benchmarks/classification.py             # full protocol (letter included; long)
     python benchmarks/classification.py --datasets digits htru2 magic --reuse letter
+    python benchmarks/classification.py --reuse digits letter --splits htru2=10 magic=3 --resume
 """
 
 from __future__ import annotations
@@ -175,7 +179,13 @@ def reused_rows(path, datasets: list[str]) -> list[dict]:
     for r in rows:
         if r["dataset"] in datasets:
             r = {**r, "split": r.get("split", 0)}
-            r.setdefault("source", f"earlier run: {payload.get('command', '?')}")
+            src = r.get("source")
+            # rows keep their provenance; a new run's own rows carry no source
+            r["source"] = (
+                f"earlier run: {payload.get('command', '?')}"
+                if src is None
+                else (src if src.startswith("earlier run") else f"earlier run ({src})")
+            )
             out.append(r)
     add_seconds_ratio(out)
     return out
@@ -195,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse-from", default=None, help="results JSON to copy them from (default: the output)"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the splits the results JSON already has; run only the missing ones",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--skip-approx", action="store_true", help="skip the approx-vs-MC check")
     args = parser.parse_args(argv)
@@ -213,6 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     json_path = out / "classification.json"
     reuse_path = Path(args.reuse_from) if args.reuse_from else json_path
     rows = reused_rows(reuse_path, args.reuse) if args.reuse else []
+    done: set[tuple[str, int]] = set()
+    if args.resume and reuse_path.exists():
+        kept = [
+            r for r in reused_rows(reuse_path, datasets) if r["split"] < splits.get(r["dataset"], 1)
+        ]
+        for ds, split in {(r["dataset"], r["split"]) for r in kept}:
+            have = {r["method"] for r in kept if (r["dataset"], r["split"]) == (ds, split)}
+            need = {"gpext_dirichlet_gp", ROBUST, SOFTMAX}
+            need |= {"gpytorch_dirichlet_exact"} if ds == "digits" else set()
+            if need <= have:
+                done.add((ds, split))
+        rows += [r for r in kept if (r["dataset"], r["split"]) in done]
     reused_approx = json.loads(reuse_path.read_text()).get("approx_vs_mc") if args.reuse else None
     failures: list[dict] = []
     extra: dict = {}
@@ -228,11 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         per_split = [dict(r) for r in rows]
         add_seconds_ratio(per_split)
         summary = aggregate_rows([{k: v for k, v in r.items() if k != "source"} for r in per_split])
-        sources = {(r["dataset"], r["method"]): r["source"] for r in per_split if "source" in r}
         for r in summary:
-            if (r["dataset"], r["method"]) in sources:
-                src = sources[(r["dataset"], r["method"])]
-                r["source"] = "this session" if src.startswith("this session") else "earlier run"
+            kinds = {
+                "earlier run" if "source" in q else "this run"
+                for q in per_split
+                if (q["dataset"], q["method"]) == (r["dataset"], r["method"])
+            }
+            r["source"] = " + ".join(sorted(kinds, reverse=True))
         extra.update(
             goals=evaluate_goals(summary),
             protocol=protocol,
@@ -265,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for ds in datasets:
         for split in range(splits.get(ds, 1)):
+            if (ds, split) in done:
+                continue
             # the two SVGP arms back to back, their order alternating over splits
             arms = [ROBUST, SOFTMAX] if split % 2 == 0 else [SOFTMAX, ROBUST]
             methods = ["gpext_dirichlet_gp", *arms]

@@ -92,7 +92,7 @@ def _dirichlet_gp_method():
         return None
 
 
-def accuracy_part(args, cfg, seeds):
+def accuracy_part(args, cfg, seeds, done=frozenset()):
     settings = {
         "vboot_mlp": dict(
             num_particles=cfg.budget(5, 10),
@@ -124,12 +124,16 @@ def accuracy_part(args, cfg, seeds):
     rows, failures = [], []
     for name in DATASETS:
         for seed in seeds:
+            todo = [m for m in methods if (name, m, seed) not in done]
+            if not todo:
+                continue
             split = load_dataset(
                 name, split=seed, data_dir=args.data_dir, test_size=5000, seed=args.seed
             )
             if cfg.quick:
                 split = _subsample(split, 1500, 1000, seed)
-            for method, fn in methods.items():
+            for method in todo:
+                fn = methods[method]
                 torch.manual_seed(args.seed + 1000 * seed)
                 c = replace(cfg, seed=args.seed + 1000 * seed)
                 t0 = time.perf_counter()
@@ -373,6 +377,12 @@ def main():
         "are copied from the "
         "existing results file instead of being run; recorded under 'reused' in the JSON",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the accuracy rows (dataset, method, seed) the results file already has "
+        "(marked source=earlier run) and run only the missing ones, e.g. --seeds 3 adds seed 2",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = BenchConfig(quick=args.quick, seed=args.seed, dtype=torch.float64, show_progress=False)
@@ -393,13 +403,26 @@ def main():
         args.methods = ",".join(
             m for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m not in skip
         )
-    rows = []
+    rows, kept_rows = [], []
+    if args.resume:
+        previous = json.loads((out_dir(args) / "vboot.json").read_text())
+        skip = {r["method"] for r in reused_rows}
+        kept_rows = [
+            {**r, "source": "earlier run" if r.get("source") == "this run" else r["source"]}
+            for r in previous["rows"]
+            if "dataset" in r and r.get("seed") in seeds and r["method"] not in skip
+        ]
+        extra["resumed_from"] = {
+            "file_last_commit": _git_commit(out_dir(args) / "vboot.json"),
+            "commands_that_produced_them": previous.get("commands", [previous.get("command")]),
+        }
+    done = frozenset((r["dataset"], r["method"], r["seed"]) for r in kept_rows)
     if "accuracy" in parts:
         if args.methods == "":  # every accuracy method is reused
             rows, failures, settings, dgp = [], [], {}, None
         else:
-            rows, failures, settings, dgp = accuracy_part(args, cfg, seeds)
-        rows = [{**r, "source": "this run"} for r in rows] + reused_rows
+            rows, failures, settings, dgp = accuracy_part(args, cfg, seeds, done)
+        rows = [{**r, "source": "this run"} for r in rows] + kept_rows + reused_rows
         agg = aggregate_rows(rows)
         extra.update(
             {
