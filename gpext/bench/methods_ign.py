@@ -2,7 +2,9 @@
 
 Registered methods:
 
-* ``ign`` (regression): :class:`gpext.models.InducingGPNetwork` on an :class:`gpext.nn.MLP`.
+* ``ign`` (regression): :class:`gpext.models.InducingGPNetwork` on an :class:`gpext.nn.MLP`;
+  ``fit`` ends with the closed-form pseudo-label refit
+  (:meth:`~gpext.models.InducingGPNetwork.refit_pseudo_labels`), its default for regression.
 * ``dkl_svgp`` (regression): GPyTorch deep-kernel SVGP, the same MLP, inducing points learned
   on its features, minibatch ELBO.
 * ``ign_ova`` / ``ign_dirichlet`` (classification): IGN with one-vs-all probit heads

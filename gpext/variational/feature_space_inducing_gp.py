@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import gpytorch
 import torch
@@ -12,6 +13,9 @@ from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError, expected_got
 from gpext.utils import check_finite, check_positive_int
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = ["FeatureSpaceInducingGP"]
 
@@ -60,6 +64,12 @@ class FeatureSpaceInducingGP(gpytorch.Module):
     :math:`Z` and :math:`G`, the gradient of any objective with respect to :math:`Z` does not
     involve the embedding's gradient (002, Proposition 1), and adding an inducing point never
     increases a predictive variance (002, Proposition 2; see :meth:`add_inducing_points`).
+
+    Beyond 002, the pseudo-labels may carry a free per-point offset,
+    :math:`\mathbf{r} = Z w + b + \boldsymbol{\delta}`.  It is zero unless it is set by
+    :meth:`solve_pseudo_labels` (the exact minimiser of the independent form of Eq. 5 over
+    :math:`\mathbf{r}` for fixed features, kernel and noise); it is not a trainable parameter,
+    and with :math:`\boldsymbol{\delta} = 0` the model is that of 002.
 
     Several independent heads (e.g. one per class) are a batch: ``Z`` has shape
     ``(*batch_shape, m, d)`` and features ``(*, N, d)`` broadcast against ``batch_shape``.
@@ -121,6 +131,11 @@ class FeatureSpaceInducingGP(gpytorch.Module):
             torch.zeros(*batch_shape, d, dtype=inducing_points.dtype)
         )
         self.pseudo_label_bias = nn.Parameter(torch.zeros(batch_shape, dtype=inducing_points.dtype))
+        # offset delta of each pseudo-label (beyond 002): zero unless solve_pseudo_labels sets
+        # it; a parameter without gradient, so that it follows .to() and the state dict
+        self.pseudo_label_offset = nn.Parameter(
+            torch.zeros(*batch_shape, m, dtype=inducing_points.dtype), requires_grad=False
+        )
         if covar_module is None:
             covar_module = gpytorch.kernels.ScaleKernel(
                 gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=batch_shape),
@@ -139,11 +154,15 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         return gpytorch.settings.variational_cholesky_jitter.value(dtype)
 
     def pseudo_labels(self) -> torch.Tensor:
-        r"""The pseudo-labels :math:`\mathbf{r} = r(Z) = Z w + b`, shape ``(*batch_shape, m)``."""
+        r"""The pseudo-labels :math:`\mathbf{r} = r(Z) + \boldsymbol{\delta} = Z w + b +
+        \boldsymbol{\delta}`, shape ``(*batch_shape, m)`` (:math:`\boldsymbol{\delta} = 0` in 002).
+        """
+        return self._linear_pseudo_labels() + self.pseudo_label_offset
+
+    def _linear_pseudo_labels(self) -> torch.Tensor:
         z = self.inducing_points
-        return (z * self.pseudo_label_weight.unsqueeze(-2)).sum(
-            -1
-        ) + self.pseudo_label_bias.unsqueeze(-1)
+        linear = (z * self.pseudo_label_weight.unsqueeze(-2)).sum(-1)  # shape: (*batch, m)
+        return linear + self.pseudo_label_bias.unsqueeze(-1)
 
     def _check_features(self, features: torch.Tensor) -> torch.Tensor:
         if not isinstance(features, torch.Tensor) or features.dim() < 2:
@@ -227,7 +246,8 @@ class FeatureSpaceInducingGP(gpytorch.Module):
 
     @torch.no_grad()
     def add_inducing_points(self, new_points: torch.Tensor) -> None:
-        """Append inducing points (their pseudo-labels follow from the linear function ``r``).
+        """Append inducing points (their pseudo-labels follow from the linear function ``r``,
+        with offset zero).
 
         By 002 Proposition 2 no predictive variance of :meth:`forward` increases.
 
@@ -251,6 +271,11 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         self.inducing_points = nn.Parameter(
             torch.cat([z, new_points.to(z)], dim=-2), requires_grad=z.requires_grad
         )
+        offset = self.pseudo_label_offset  # new points get delta = 0: r = r(z) there
+        self.pseudo_label_offset = nn.Parameter(
+            torch.cat([offset, offset.new_zeros(*offset.shape[:-1], new_points.shape[-2])], -1),
+            requires_grad=offset.requires_grad,
+        )
 
     @torch.no_grad()
     def initialize_from_features(
@@ -262,6 +287,8 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         """Place ``Z`` at a random subset of features and fit ``r`` to their targets.
+
+        The pseudo-label offset is reset to zero.
 
         The pseudo-label function is set by ridge regression of ``targets`` on ``features``
         (all rows), so :math:`r(Z)` starts close to the observed labels near each inducing point.
@@ -300,6 +327,7 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         ).to(features.device)
         z = features[idx].reshape(*self.batch_shape, m, self.feature_dim)
         self.inducing_points.copy_(z.to(self.inducing_points))
+        self.pseudo_label_offset.zero_()
         if targets is None:
             return
         design = torch.cat([features, features.new_ones(n, 1)], dim=-1)  # shape: (N, d + 1)
@@ -320,3 +348,129 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         coef = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0]).to(gram), design.T @ t)
         self.pseudo_label_weight.copy_(coef[:-1].T.reshape(*self.batch_shape, self.feature_dim))
         self.pseudo_label_bias.copy_(coef[-1].reshape(self.batch_shape))
+
+    @torch.no_grad()
+    def solve_pseudo_labels(
+        self,
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        *,
+        ridge: float = 1.0,
+    ) -> torch.Tensor:
+        r"""Set :math:`\mathbf{r}` to the MAP minimiser of the independent form of 002 Eq. 5.
+
+        For fixed features, kernel, :math:`Z` and noise, the sum over points of
+        :math:`-\log\mathcal N(y_i;\ \mathbf{a}_i^\top\mathbf{r},\ v_i)` with
+        :math:`\mathbf{a}_i = K_{ZZ}^{-1}k_Z(\mathbf{g}_i)` and
+        :math:`v_i = k_{ii} - q_{ii} + \sigma_i^2` is quadratic in :math:`\mathbf{r}` (the
+        log-determinant does not depend on it).  The offset
+        :math:`\boldsymbol\delta = \mathbf r - r(Z)` from the linear pseudo-labels gets the
+        Gaussian prior :math:`\boldsymbol\delta \sim \mathcal N(0,\ \tfrac{s_y^2}{\lambda
+        \bar k}K_{ZZ})`, where :math:`s_y^2` is the variance of the targets and
+        :math:`\bar k` the mean of :math:`\operatorname{diag} K_{ZZ}`: each offset has prior
+        standard deviation :math:`s_y/\sqrt{\lambda}` whatever the kernel's scale, and
+        inducing points that no data point informs keep their linear pseudo-label instead of
+        drifting far outside the range of the targets.  In whitened coordinates
+        :math:`\boldsymbol{\alpha} = L^{-1}\mathbf{r}`, :math:`K_{ZZ} = LL^\top`, with
+        :math:`\tilde{\mathbf a}_i = L^{-1}k_Z(\mathbf g_i)`,
+        :math:`\boldsymbol\alpha_0 = L^{-1}r(Z)` and :math:`\rho = \lambda\bar k / s_y^2`,
+        the mode solves
+
+        .. math::
+
+            \Big(\sum_i \frac{\tilde{\mathbf a}_i\tilde{\mathbf a}_i^\top}{v_i}
+            + \rho I\Big)\boldsymbol{\alpha} = \sum_i \frac{\tilde{\mathbf a}_i y_i}{v_i}
+            + \rho\,\boldsymbol\alpha_0, \qquad \mathbf{r} = L\boldsymbol{\alpha}.
+
+        ``ridge=0`` gives the unregularised weighted least-squares solution.  The system is
+        accumulated over the batches in float64 (:math:`O(Nm^2)` time, :math:`O(m^2)` memory
+        per head), so the whole training set can be streamed.  The result is stored in the
+        offset :math:`\boldsymbol{\delta}`; the linear function ``r`` itself is unchanged.
+
+        Args:
+            batches: Iterable of ``(features, targets, noise)``: features ``(B, d)``, targets
+                ``(*batch_shape, B)`` or ``(B,)``, and the observation noise variances
+                :math:`\sigma_i^2`, broadcastable to the targets.
+            ridge: Prior precision multiplier :math:`\lambda \ge 0`.
+
+        Returns:
+            The new pseudo-labels, shape ``(*batch_shape, m)``.
+
+        Raises:
+            InputDataError: If ``ridge`` is negative or there are no batches.
+            ShapeError: If a batch does not fit.
+            NumericalError: If the system cannot be factorised.
+
+        Example:
+            >>> gp = FeatureSpaceInducingGP(num_inducing=8, feature_dim=2)
+            >>> g, y = torch.randn(100, 2), torch.randn(100)
+            >>> batches = [(g[:50], y[:50], torch.tensor(0.1)), (g[50:], y[50:], torch.tensor(0.1))]
+            >>> gp.solve_pseudo_labels(batches).shape
+            torch.Size([8])
+        """
+        if not float(ridge) >= 0.0:
+            raise InputDataError(
+                expected_got("FeatureSpaceInducingGP.solve_pseudo_labels.ridge", ">= 0", ridge)
+            )
+        z = self.inducing_points
+        kzz = self.covar_module(z).to_dense()  # shape: (*batch, m, m)
+        chol = _safe_cholesky(kzz, self._jitter(kzz.dtype), "FeatureSpaceInducingGP K_ZZ")
+        m, heads = self.num_inducing, self.batch_shape
+        opts = {"dtype": torch.float64, "device": z.device}
+        gram = torch.zeros(*heads, m, m, **opts)
+        rhs = torch.zeros(*heads, m, **opts)
+        y_sum, y_sq = torch.zeros(heads, **opts), torch.zeros(heads, **opts)
+        seen = 0
+        for features, targets, noise in batches:
+            features = self._check_features(features)
+            if features.dim() != 2:
+                raise ShapeError(
+                    expected_got("solve_pseudo_labels features", "(B, d)", tuple(features.shape))
+                )
+            b = features.shape[0]
+            targets = check_finite(targets.to(features), "solve_pseudo_labels targets")
+            if targets.shape[-1] != b or targets.shape[:-1] not in (torch.Size(), heads):
+                raise ShapeError(
+                    expected_got(
+                        "solve_pseudo_labels targets",
+                        f"shape {(*heads, b)} or ({b},)",
+                        tuple(targets.shape),
+                    )
+                )
+            kzg = self.covar_module(z, features).to_dense()  # shape: (*batch, m, B)
+            a = torch.linalg.solve_triangular(chol, kzg, upper=False)  # shape: (*batch, m, B)
+            kdiag = self.covar_module(features, diag=True)  # shape: (*batch, B)
+            var = (kdiag - (a * a).sum(-2)).clamp_min(0.0) + noise.to(features)
+            prec = var.clamp_min(torch.finfo(var.dtype).tiny).reciprocal().double()
+            a, t = a.double(), targets.double()
+            gram += (a * prec.unsqueeze(-2)) @ a.transpose(-1, -2)
+            rhs += (a * (prec * t).unsqueeze(-2)).sum(-1)
+            y_sum, y_sq = y_sum + t.sum(-1), y_sq + (t * t).sum(-1)
+            seen += b
+        if seen == 0:
+            raise InputDataError(
+                "FeatureSpaceInducingGP.solve_pseudo_labels: expected at least one batch of "
+                "data, got none."
+            )
+        if float(ridge) > 0.0:
+            y_var = (y_sq / seen - (y_sum / seen) ** 2).clamp_min(1e-12)  # shape: (*batch)
+            k_bar = kzz.diagonal(dim1=-2, dim2=-1).mean(-1).double()  # shape: (*batch)
+            rho = float(ridge) * k_bar / y_var  # shape: (*batch)
+            lin = self._linear_pseudo_labels().double().unsqueeze(-1)  # shape: (*batch, m, 1)
+            alpha0 = torch.linalg.solve_triangular(chol.double(), lin, upper=False).squeeze(-1)
+            eye = torch.eye(m, **opts)
+            gram = gram + rho[..., None, None] * eye
+            rhs = rhs + rho.unsqueeze(-1) * alpha0
+        # relative jitter 1e-12 (float64); _safe_cholesky raises it with a warning if needed
+        jitter = 1e-12 * float(gram.diagonal(dim1=-2, dim2=-1).abs().max().clamp_min(1e-300))
+        factor = _safe_cholesky(gram, jitter, "FeatureSpaceInducingGP.solve_pseudo_labels")
+        alpha = torch.cholesky_solve(rhs.unsqueeze(-1), factor)  # shape: (*batch, m, 1)
+        r = (chol.double() @ alpha).squeeze(-1).to(z)  # shape: (*batch, m)
+        self.pseudo_label_offset.copy_(r - self._linear_pseudo_labels())
+        return r
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # state dicts saved before the offset existed load with delta = 0
+        key, z_key = prefix + "pseudo_label_offset", prefix + "inducing_points"
+        if key not in state_dict and z_key in state_dict:
+            state_dict[key] = state_dict[z_key].new_zeros(state_dict[z_key].shape[:-1])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -183,7 +183,7 @@ class TestInducingGPNetworkFitOptions:
         model = InducingGPNetwork(MLP(1, [16], 2), num_inducing=8).double()
         model.fit(
             x, y, epochs=6, batch_size=50, lr=2e-2, validation_fraction=0.25,
-            generator=torch.Generator().manual_seed(5),
+            generator=torch.Generator().manual_seed(5), refit_pseudo_labels=False,
         )  # fmt: skip
         assert len(model.validation_history_) == 6
         # the hold-out is the first randperm drawn from the generator

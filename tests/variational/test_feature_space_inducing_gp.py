@@ -216,3 +216,139 @@ class TestFeatureSpaceInducingGP:
         assert torch.isfinite(chol).all()
         with pytest.raises(NumericalError, match="not positive definite"):
             _safe_cholesky(-torch.eye(2, dtype=torch.float64), 1e-8, "test")
+
+
+def _dense_pseudo_label_solve(gp, g, y, noise, ridge):
+    """numpy MAP of one head: sum_i (y_i - a_i^T r)^2 / v_i + c (r - r0)^T K_ZZ^{-1} (r - r0),
+    c = ridge * mean(diag K_ZZ) / var(y), r0 = Z w + b (the linear pseudo-labels)."""
+    with torch.no_grad():
+        z = gp.inducing_points.detach().double().numpy()
+        ls = gp.covar_module.base_kernel.lengthscale.detach().double().numpy()[0]
+        os_ = float(gp.covar_module.outputscale.detach())
+        r0 = z @ gp.pseudo_label_weight.detach().double().numpy()
+        r0 = r0 + float(gp.pseudo_label_bias.detach())
+    jitter = gpytorch.settings.variational_cholesky_jitter.value(gp.inducing_points.dtype)
+    kzz = _rbf_numpy(z, z, ls, os_) + jitter * np.eye(len(z))
+    kgz = _rbf_numpy(g, z, ls, os_)
+    a = np.linalg.solve(kzz, kgz.T).T  # (N, m)
+    v = os_ - (a * kgz).sum(-1) + noise
+    w = 1.0 / v
+    c = ridge * os_ / np.var(y)
+    prior = c * np.linalg.inv(kzz)
+    return np.linalg.solve((a * w[:, None]).T @ a + prior, a.T @ (w * y) + prior @ r0)
+
+
+def _independent_objective(gp, g, y, noise):
+    mean, var = gp.marginal(g)
+    total = var + noise
+    return float((0.5 * ((y - mean) ** 2 / total + total.log())).sum())
+
+
+class TestSolvePseudoLabels:
+    """Closed-form pseudo-labels: the minimiser of the independent form of 002 Eq. 5 over r."""
+
+    def setup_method(self):
+        torch.manual_seed(11)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_matches_dense_weighted_least_squares(self, dtype):
+        gp = _model(m=6, d=3, dtype=dtype)
+        g = torch.randn(40, 3, dtype=dtype)
+        y = torch.sin(g.sum(-1)) + 0.1 * torch.randn(40, dtype=dtype)
+        noise = torch.rand(40, dtype=dtype) * 0.2 + 0.05  # heteroscedastic
+        ref = _dense_pseudo_label_solve(gp, g.double().numpy(), y.double().numpy(),
+                                        noise.double().numpy(), ridge=0.3)  # fmt: skip
+        # streamed in uneven batches: the same as one dense solve
+        batches = [(g[s : s + 15], y[s : s + 15], noise[s : s + 15]) for s in range(0, 40, 15)]
+        r = gp.solve_pseudo_labels(batches, ridge=0.3)
+        tol = (
+            {"atol": 1e-3, "rtol": 1e-3} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
+        )
+        np.testing.assert_allclose(r.double().numpy(), ref, **tol)
+        np.testing.assert_allclose(gp.pseudo_labels().detach().double().numpy(), ref, **tol)
+        assert r.dtype == dtype
+
+    def test_minimises_the_objective(self):
+        gp = _model(m=5, d=2)
+        g = torch.randn(60, 2, dtype=torch.float64)
+        y = g[:, 0] ** 2 - g[:, 1] + 0.05 * torch.randn(60, dtype=torch.float64)
+        noise = torch.tensor(0.05, dtype=torch.float64)
+        before = _independent_objective(gp, g, y, noise)
+        gp.solve_pseudo_labels([(g, y, noise)], ridge=0.0)
+        after = _independent_objective(gp, g, y, noise)
+        assert after < before - 1.0
+        # a stationary point: the gradient with respect to the offset vanishes
+        with torch.enable_grad():
+            gp.pseudo_label_offset.requires_grad_(True)
+            mean, var = gp.marginal(g)
+            loss = (0.5 * (y - mean) ** 2 / (var + noise)).sum()
+            (grad,) = torch.autograd.grad(loss, gp.pseudo_label_offset)
+        assert float(grad.abs().max()) < 1e-6
+        # the linear function r(z) is untouched; only the offset moved
+        assert float(gp.pseudo_label_offset.detach().abs().max()) > 0
+
+    def test_batch_heads_solve_each_head(self):
+        gp = _model(m=4, d=2, batch_shape=torch.Size([3]))
+        g = torch.randn(30, 2, dtype=torch.float64)
+        y = torch.randn(3, 30, dtype=torch.float64)
+        noise = torch.rand(3, 30, dtype=torch.float64) + 0.1
+        r = gp.solve_pseudo_labels([(g, y, noise)], ridge=1e-3)
+        assert r.shape == (3, 4)
+        for h in range(3):
+            single = FeatureSpaceInducingGP(4, 2, inducing_points=gp.inducing_points[h]).double()
+            with torch.no_grad():
+                single.pseudo_label_weight.copy_(gp.pseudo_label_weight[h])
+                single.pseudo_label_bias.copy_(gp.pseudo_label_bias[h])
+                single.covar_module.base_kernel.lengthscale = (
+                    gp.covar_module.base_kernel.lengthscale[h]
+                )
+                single.covar_module.outputscale = gp.covar_module.outputscale[h]
+            ref = single.solve_pseudo_labels([(g, y[h], noise[h])], ridge=1e-3)
+            torch.testing.assert_close(r[h], ref)
+
+    def test_prior_keeps_uninformed_pseudo_labels_linear(self):
+        """An inducing point far from every feature keeps r(z); informed ones move."""
+        gp = _model(m=4, d=2)
+        with torch.no_grad():
+            gp.inducing_points[-1] = torch.tensor([40.0, 40.0], dtype=torch.float64)
+        g = 0.5 * torch.randn(80, 2, dtype=torch.float64)
+        y = 5.0 + torch.sin(3 * g[:, 0])
+        lin = gp._linear_pseudo_labels().detach().clone()
+        r = gp.solve_pseudo_labels([(g, y, torch.tensor(0.01, dtype=torch.float64))])
+        assert abs(float(r[-1] - lin[-1])) < 1e-6
+        assert float((r[:-1] - lin[:-1]).abs().max()) > 0.1
+        # the prior scales with the targets: no shrinkage without a ridge, the same
+        # solution for targets and kernel scaled together
+        free = gp.solve_pseudo_labels([(g, y, torch.tensor(0.01, dtype=torch.float64))], ridge=0)
+        assert float((free[:-1] - r[:-1]).abs().max()) > 0
+
+    def test_offset_in_state_dict_add_points_and_old_checkpoints(self):
+        gp = _model(m=5, d=2)
+        g = torch.randn(30, 2, dtype=torch.float64)
+        gp.solve_pseudo_labels([(g, torch.randn(30, dtype=torch.float64), torch.tensor(0.1))])
+        assert not gp.pseudo_label_offset.requires_grad
+        other = FeatureSpaceInducingGP(5, 2).double()
+        other.load_state_dict(gp.state_dict())
+        torch.testing.assert_close(other(g).mean, gp(g).mean)
+        old = {k: v for k, v in gp.state_dict().items() if k != "pseudo_label_offset"}
+        other.load_state_dict(old)  # a checkpoint from before the offset existed
+        assert float(other.pseudo_label_offset.abs().max()) == 0.0
+        r_before = gp.pseudo_labels().detach()
+        gp.add_inducing_points(torch.randn(2, 2, dtype=torch.float64))
+        assert gp.pseudo_label_offset.shape == (7,)
+        torch.testing.assert_close(gp.pseudo_labels().detach()[:5], r_before)
+        gp.initialize_from_features(g)
+        assert float(gp.pseudo_label_offset.abs().max()) == 0.0
+
+    def test_errors(self):
+        gp = _model()
+        g, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+        noise = torch.tensor(0.1, dtype=torch.float64)
+        with pytest.raises(InputDataError, match="ridge"):
+            gp.solve_pseudo_labels([(g, y, noise)], ridge=-1.0)
+        with pytest.raises(InputDataError, match="at least one batch"):
+            gp.solve_pseudo_labels([])
+        with pytest.raises(ShapeError, match="targets"):
+            gp.solve_pseudo_labels([(g, y[:5], noise)])
+        with pytest.raises(ShapeError, match="feature_dim"):
+            gp.solve_pseudo_labels([(g[:, :2], y, noise)])
