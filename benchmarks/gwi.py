@@ -6,7 +6,18 @@ standard error over the splits.  Classification on digits and MNIST (8000/2000 i
 ``gwi_robustmax`` against ``gpytorch_svgp_softmax``; accuracy, error, MNLL.
 
 Goals (issue 8): GWI test NLL below SVGP's on at least 3 of the 4 regression sets (mean over the
-splits); MNIST accuracy >= 0.97.  Both are evaluated here and written into the JSON.
+splits); MNIST accuracy >= 0.97.  Both are evaluated here and written into the JSON, with the
+paired per-split differences GWI - SVGP (mean, standard error, number of splits GWI wins), also
+restricted to the splits that played no part in the development of the GWI settings
+(``DEV_SPLITS``: splits 0-4 of boston and concrete were used to diagnose and compare designs).
+
+GWI settings (fixed before the full run): the variational mean is
+``m_P + k_m(x, C) K_m(C, C)^{-1} v + MLP(x)`` with trainable centres ``C`` and its own trainable
+copy ``k_m`` of the prior kernel (the "adaptive" mean; the prior, ``Z`` and the covariance ``r``
+keep the frozen kernel and the fixed greedy subset), trained at SVGP's learning rate 0.02; ``L``
+and the noise at 1e-3.  Why: with a frozen exact-GP kernel and 64 fixed centres the mean
+underfits (concrete split 0: sparse posterior mean RMSE 7.3 vs 4.9 for the exact GP), while
+SVGP moves its inducing points and kernel to fit with 64 points.
 
 Per-fit budget.  The methods' full budgets (SVGP 256 inducing points and about 1500 Adam steps,
 exact GP 150 steps, GWI 256 inducing points and 1500 steps) cost 1 to 3 minutes per fit on a
@@ -27,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -50,6 +62,8 @@ REGRESSION = ("boston", "concrete", "energy", "yacht")
 REG_METHODS = ("gwi", "gpytorch_svgp", "gpytorch_exact_gp")
 CLASSIFICATION = ("digits", "mnist")
 CLS_METHODS = ("gwi_robustmax", "gpytorch_svgp_softmax")
+#: splits looked at while diagnosing and choosing the GWI settings (boston and concrete only)
+DEV_SPLITS = frozenset(range(5))
 COLUMNS = (
     "dataset", "method", "n", "rmse", "rmse_se", "nll", "nll_se", "coverage95",
     "accuracy", "error", "mnll", "mnll_se", "ece", "seconds",
@@ -138,6 +152,25 @@ def main() -> None:
     save(True)
 
 
+def paired_differences(rows, metric, exclude=frozenset()):
+    """Per regression set: mean and standard error of GWI - SVGP over the shared splits."""
+    out = {}
+    for ds in REGRESSION:
+        by = {}
+        for r in rows:
+            if r["dataset"] == ds and metric in r and r["split"] not in exclude:
+                by.setdefault(r["split"], {})[r["method"]] = r[metric]
+        d = [v["gwi"] - v["gpytorch_svgp"] for v in by.values() if len(v.keys() & _PAIR) == 2]
+        if len(d) > 1:
+            mean = sum(d) / len(d)
+            se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+            out[ds] = {"mean": mean, "se": se, "n": len(d), "gwi_wins": sum(x < 0 for x in d)}
+    return out
+
+
+_PAIR = {"gwi", "gpytorch_svgp"}
+
+
 def summary(rows, failures, splits_run, t0, final, args, num_splits):
     """Aggregate the rows and evaluate the issue's goals."""
     agg = aggregate_rows(rows)
@@ -151,6 +184,10 @@ def summary(rows, failures, splits_run, t0, final, args, num_splits):
         notes["nll_gwi_minus_svgp"] = {
             ds: nll[(ds, "gwi")] - nll[(ds, "gpytorch_svgp")] for ds in have
         }
+    notes["nll_gwi_minus_svgp_paired"] = paired_differences(rows, "nll")
+    notes["nll_gwi_minus_svgp_paired_splits_not_used_in_development"] = paired_differences(
+        rows, "nll", exclude=DEV_SPLITS
+    )
     acc = [r["accuracy"] for r in agg if r["method"] == "gwi_robustmax" and r["dataset"] == "mnist"]
     if acc:
         goals["mnist_accuracy_ge_0.97"] = acc[0] >= 0.97
@@ -165,7 +202,9 @@ def summary(rows, failures, splits_run, t0, final, args, num_splits):
         else "full",
         "protocol_note": (
             f"regression: {num_splits} standard split(s) per set, every method with the same "
-            "per-fit budget; classification: digits (seeded random split 0) and MNIST "
+            "per-fit budget (inducing points, Adam steps, batch size); GWI's mean at SVGP's "
+            "learning rate 0.02, L and noise at 1e-3; classification: digits (seeded random "
+            "split 0) and MNIST "
             "8000/2000; 10% of each training split is held out inside GWI for early stopping "
             "and the temperature (the test split is never used for fitting or selection)"
         ),

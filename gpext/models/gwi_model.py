@@ -219,14 +219,33 @@ def _inducing_indices(
 
 
 class _KernelExpansionMean(gpytorch.means.Mean):
-    r"""``m_Q(x) = m_P(x) + k(x, C) K_CC^{-1} v (+ g(x))``: a kernel expansion on fixed centres ``C``.
+    r"""``m_Q(x) = m_P(x) + k_m(x, C) K_{m,CC}^{-1} v (+ g(x))``: a kernel expansion on centres ``C``.
 
-    With the frozen prior kernel this spans the sparse-GP posterior means; ``v`` are the values
-    of the expansion at the centres (so an optimiser step on ``v`` is a step in the units of the
-    targets, unlike a step on the expansion weights :math:`K_{CC}^{-1} v`, whose scale follows
-    the conditioning of :math:`K_{CC}`).  The optional network ``g`` (a
-    :class:`~gpext.variational.WassersteinNetworkMean`) adds flexibility; its output layer
-    starts at zero so that the mean starts at the kernel expansion.
+    With the frozen prior kernel (``k_m = k``) and fixed centres this spans the sparse-GP
+    posterior means; ``v`` are the values of the expansion at the centres (so an optimiser step
+    on ``v`` is a step in the units of the targets, unlike a step on the expansion weights
+    :math:`K_{CC}^{-1} v`, whose scale follows the conditioning of :math:`K_{CC}`).  The optional
+    network ``g`` (a :class:`~gpext.variational.WassersteinNetworkMean`) adds flexibility; its
+    output layer starts at zero so that the mean starts at the kernel expansion.
+
+    ``learn_centers`` / ``learn_kernel`` make the expansion adaptive: the centres become a
+    parameter and ``k_m`` a trainable copy of the prior kernel (both start at the prior's, so
+    the initial mean is unchanged).  GWI lets :math:`m_Q` be any function (003 section 2), so
+    this changes neither :math:`\mathbb P` (its kernel stays frozen) nor the covariance
+    :math:`r` (it keeps ``k`` and the fixed ``Z``); it gives the mean the freedom that SVGP's
+    mean has through its learned inducing locations and kernel.  This matters when ``M`` is
+    small for the data: the lengthscales of the exact-GP prior fit suit ``N`` points, and an
+    expansion on ``M`` fixed centres with those lengthscales underfits (on concrete with
+    ``M = 64`` the sparse posterior mean has a test RMSE near 7.3 against 4.9 for the exact GP).
+
+    Args:
+        prior_mean: :math:`m_P`.
+        kernel: The prior kernel ``k``.
+        centers: Initial centres ``C``. # shape: (C, D)
+        net: Optional network ``g``.
+        jitter: Relative jitter of :math:`K_{m,CC}` (default 1e-8 float64, 1e-5 float32).
+        learn_centers: Whether ``C`` is trained.
+        learn_kernel: Whether the expansion uses its own trainable copy of ``kernel``.
     """
 
     def __init__(
@@ -236,12 +255,19 @@ class _KernelExpansionMean(gpytorch.means.Mean):
         centers: torch.Tensor,
         net: torch.nn.Module | None = None,
         jitter: float | None = None,
+        learn_centers: bool = False,
+        learn_kernel: bool = False,
     ):
         super().__init__()
         self.prior_mean = prior_mean
+        if learn_kernel:  # a trainable copy: the prior's kernel stays frozen
+            kernel = copy.deepcopy(kernel).requires_grad_(True)
         self.kernel = kernel
         self.jitter = jitter
-        self.register_buffer("centers", centers.detach().clone())
+        if learn_centers:
+            self.centers = torch.nn.Parameter(centers.detach().clone())
+        else:
+            self.register_buffer("centers", centers.detach().clone())
         batch = prior_mean(centers[:1]).shape[:-1]
         self.values = torch.nn.Parameter(
             torch.zeros(*batch, centers.shape[-2], dtype=centers.dtype)
@@ -260,7 +286,7 @@ class _KernelExpansionMean(gpytorch.means.Mean):
         # version counters of the kernel's parameters and the centres (in-place updates such
         # as load_state_dict bump them).
         params = list(self.kernel.parameters())
-        frozen = not any(p.requires_grad for p in params)
+        frozen = not any(p.requires_grad for p in params) and not self.centers.requires_grad
         key = (*(p._version for p in params), self.centers._version, self.centers.dtype)
         if frozen and getattr(self, "_chol_cache", None) is not None:
             if self._chol_cache[0] == key:
@@ -392,6 +418,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         epochs: int,
         batch_size: int = 256,
         lr: float = 1e-2,
+        mean_lr: float | None = None,
         x_val: torch.Tensor | None = None,
         y_val: torch.Tensor | None = None,
         eval_every: int = 1,
@@ -410,6 +437,8 @@ class GWIModel(gpytorch.models.ApproximateGP):
             epochs: Passes over the data.
             batch_size: Minibatch size.
             lr: Adam learning rate.
+            mean_lr: Adam learning rate of the parameters of the mean module :math:`m_Q`
+                (default ``lr``); the other parameters (``L``, the likelihood) use ``lr``.
             x_val: Optional validation inputs. # shape: (N_val, D)
             y_val: Optional validation targets. # shape: (N_val,)
             eval_every: Validation period in epochs.
@@ -419,9 +448,15 @@ class GWIModel(gpytorch.models.ApproximateGP):
         Returns:
             History with per-epoch ``loss`` (negative objective), ``w2`` (mean batch W2
             estimate) and, with validation data, ``val_nll`` and ``val_epoch``.
+
+        Raises:
+            ShapeError: If ``x`` and ``y`` do not match.
+            InputDataError: If only one of ``x_val``, ``y_val`` is given or ``mean_lr < 0``.
         """
         epochs = check_positive_int(epochs, "epochs")
         batch_size = check_positive_int(batch_size, "batch_size")
+        if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):
+            raise InputDataError(expected_got("mean_lr", "a learning rate >= 0 or None", mean_lr))
         if x.dim() != 2 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(
@@ -434,8 +469,13 @@ class GWIModel(gpytorch.models.ApproximateGP):
             )
         n = x.shape[0]
         mll = GWIObjective(likelihood, self, num_data=n)
+        mean_ids = {id(p) for p in self.variational_strategy.mean_module.parameters()}
         params = [p for p in (*self.parameters(), *likelihood.parameters()) if p.requires_grad]
-        opt = torch.optim.Adam(params, lr=lr)
+        groups = [{"params": [p for p in params if id(p) not in mean_ids], "lr": lr}]
+        mean_params = [p for p in params if id(p) in mean_ids]
+        if mean_params:
+            groups.append({"params": mean_params, "lr": lr if mean_lr is None else mean_lr})
+        opt = torch.optim.Adam(groups)
         history: dict[str, list[float]] = {"loss": [], "w2": [], "val_nll": [], "val_epoch": []}
         best, best_state = math.inf, None
         if x_val is not None:  # the initial state competes too (Q starts at a sparse posterior)

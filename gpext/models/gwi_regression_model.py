@@ -69,6 +69,7 @@ class GWIRegressionModel(GWIModel):
         num_subsample: int = 100,
         learn_inducing_locations: bool = False,
         inducing: str = "greedy",
+        adaptive_mean: bool = True,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
     ) -> tuple[GWIRegressionModel, gpytorch.likelihoods.GaussianLikelihood]:
@@ -99,6 +100,11 @@ class GWIRegressionModel(GWIModel):
             inducing: How ``Z`` is picked from the data: ``"greedy"`` (default,
                 :func:`~gpext.models.gwi_model.greedy_inducing_subset` under the fitted prior
                 kernel) or ``"random"``.
+            adaptive_mean: With the ``"kernel"`` means, train the expansion's centres and its
+                own copy of the prior kernel (both start at the prior's, so the initial mean is
+                the sparse posterior mean; :math:`\mathbb P`, ``Z`` and :math:`r` keep the
+                frozen kernel).  Default on: with ``M`` well below ``N`` the frozen exact-GP
+                lengthscales make an expansion on ``M`` fixed centres underfit.
             generator: Random generator (subsets, shuffling of the W2 subsamples).
             show_progress: Progress bar of the prior fit.
 
@@ -136,7 +142,10 @@ class GWIRegressionModel(GWIModel):
                     expected_got("mean", "'network', 'kernel' or 'kernel+network'", repr(mean))
                 )
             net = WassersteinNetworkMean(x.shape[-1]) if mean == "kernel+network" else None
-            mean_module = _KernelExpansionMean(prior_mean, kernel, x[idx], net)
+            mean_module = _KernelExpansionMean(
+                prior_mean, kernel, x[idx], net,
+                learn_centers=adaptive_mean, learn_kernel=adaptive_mean,
+            )  # fmt: skip
         model = cls(
             x[idx].clone(), kernel, prior_mean=prior_mean, mean_module=mean_module,
             num_subsample=num_subsample, learn_inducing_locations=learn_inducing_locations,

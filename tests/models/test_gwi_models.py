@@ -177,7 +177,8 @@ class TestGWIModelParts:
         with torch.no_grad():
             lik.noise = 0.05  # five times the true noise variance 0.01
         t = model.calibrate_temperature(lik, xv, yv)
-        cache = model._predictive_cache(lik, xv)
+        with torch.no_grad():
+            cache = model._predictive_cache(lik, xv)
         z2 = float((((yv - cache[0]) ** 2) / cache[1]).mean())  # closed-form optimum
         assert t < 0.5 and t == pytest.approx(z2, rel=1e-3)
 
@@ -218,3 +219,81 @@ class TestGWIModelParts:
         assert torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), rtol=1e-3)  # jitter
         with pytest.raises(InputDataError, match="prior_outputscale"):
             GWIClassificationModel.from_data(x, y, 3, prior_steps=1, prior_outputscale=-1.0)
+
+
+class TestAdaptiveMeanAndMeanLearningRate:
+    """The adaptive kernel mean trains its own kernel copy and centres; ``mean_lr`` groups."""
+
+    seed = 11
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_adaptive_mean_starts_at_sparse_mean_and_leaves_prior_frozen(self, dtype):
+        x, y, _ = _regression_data(dtype, n=120, seed=self.seed)
+
+        def build(adaptive):
+            gen = torch.Generator().manual_seed(self.seed)
+            return GWIRegressionModel.from_data(
+                x, y, num_inducing=10, prior_steps=20, generator=gen, adaptive_mean=adaptive
+            )
+
+        model, lik = build(True)
+        fixed, _ = build(False)
+        mean = model.variational_strategy.mean_module
+        assert isinstance(mean.centers, torch.nn.Parameter)
+        assert "centers" in dict(fixed.variational_strategy.mean_module.named_buffers())
+        assert mean.kernel is not model.covar_module
+        assert all(p.requires_grad for p in mean.kernel.parameters())
+        assert not any(p.requires_grad for p in model.covar_module.parameters())
+        xs = torch.linspace(-3, 3, 9, dtype=dtype).unsqueeze(-1)
+        with torch.no_grad():
+            torch.testing.assert_close(mean(xs), fixed.variational_strategy.mean_module(xs))
+        prior_state = {k: v.clone() for k, v in model.covar_module.state_dict().items()}
+        z = model.variational_strategy.inducing_points.clone()
+        c0 = mean.centers.detach().clone()
+        ls0 = mean.kernel.base_kernel.lengthscale.detach().clone()
+        gen = torch.Generator().manual_seed(self.seed)
+        model.fit(lik, x, y, epochs=5, batch_size=40, lr=1e-2, mean_lr=5e-2, generator=gen)
+        for k, v in model.covar_module.state_dict().items():
+            torch.testing.assert_close(v, prior_state[k], rtol=0, atol=0)
+        torch.testing.assert_close(model.variational_strategy.inducing_points, z)
+        assert not torch.allclose(mean.centers.detach(), c0)
+        assert not torch.allclose(mean.kernel.base_kernel.lengthscale.detach(), ls0)
+        mu, var = model.predict(lik, xs)
+        assert bool(torch.isfinite(mu).all()) and bool((var > 0).all())
+
+    def test_mean_lr_applies_to_the_mean_module_only(self):
+        x, y, _ = _regression_data(torch.float64, n=100, seed=self.seed)
+
+        def fit(lr, mean_lr):
+            gen = torch.Generator().manual_seed(self.seed)
+            model, lik = GWIRegressionModel.from_data(
+                x, y, num_inducing=8, prior_steps=10, generator=gen
+            )
+            mean = model.variational_strategy.mean_module
+            before = (
+                [p.detach().clone() for p in mean.parameters()],
+                model.variational_strategy._variational_distribution.chol_factor.detach().clone(),
+                lik.noise.detach().clone(),
+            )
+            model.fit(lik, x, y, epochs=2, batch_size=50, lr=lr, mean_lr=mean_lr, generator=gen)
+            after = (
+                list(mean.parameters()),
+                model.variational_strategy._variational_distribution.chol_factor,
+                lik.noise,
+            )
+            mean_moved = any(not torch.equal(a, b) for a, b in zip(before[0], after[0]))
+            return (
+                mean_moved,
+                not torch.equal(before[1], after[1]),
+                not torch.equal(before[2], after[2]),
+            )
+
+        assert fit(0.0, 5e-2) == (True, False, False)
+        assert fit(5e-2, 0.0) == (False, True, True)
+        assert fit(5e-2, None) == (True, True, True)
+
+    def test_negative_mean_lr_raises(self):
+        x, y, gen = _regression_data(torch.float64, n=30, seed=self.seed)
+        model, lik = GWIRegressionModel.from_data(x, y, num_inducing=5, prior_steps=1)
+        with pytest.raises(InputDataError, match="mean_lr"):
+            model.fit(lik, x, y, epochs=1, mean_lr=-1e-3)
