@@ -21,6 +21,7 @@ from gpext.utils import as_float_tensor, check_finite, check_float_dtype, check_
 __all__ = ["OnlineFactorAnalysis"]
 
 _METHODS = ("em", "sga")
+_STATISTICS = ("consistent", "thesis")
 
 
 class OnlineFactorAnalysis(nn.Module):
@@ -35,29 +36,53 @@ class OnlineFactorAnalysis(nn.Module):
 
         C = (F \odot \psi^{-1})^\top, \quad \Sigma = (I + C F)^{-1}, \quad m_t = \Sigma C d_t .
 
-    * ``method="em"`` (004 Algorithm 2, Eq. 4.32-4.36): running averages
-      :math:`\bar A_t` of :math:`d_t m_t^\top`, :math:`\bar B_t` of :math:`m_t m_t^\top` and
-      :math:`\bar{d^2_t}`; :math:`\bar H_t = \Sigma + \bar B_t`, :math:`F = \bar A_t \bar H_t^{-1}`,
-      :math:`\psi = \bar{d^2_t} + \operatorname{rowsum}((F \bar H_t) \odot F - 2 F \odot \bar A_t)`.
-      The running averages use the step :math:`\gamma_t = 1/t` of 004 (``step_weight=0``) or,
-      after the warm-up, the polynomial-decay weights :math:`\gamma_t = (\eta + 1)/(t + \eta)`
-      (``step_weight`` :math:`= \eta > 0`; Shamir & Zhang 2013), which give observation
-      :math:`s` a weight proportional to :math:`s^\eta`. With :math:`1/t` every statistic keeps
-      weight :math:`1/T` for ever, so the statistics gathered while :math:`F` is still far from
-      the solution (e.g. latent means :math:`m_t` under the random initial :math:`F`) bias
-      :math:`\bar A_T, \bar B_T` for the whole run; :math:`\eta > 0` forgets that transient
-      at the price of a variance larger by :math:`(\eta+1)^2/(2\eta+1)`. On 004 Algorithm 3
-      models (``benchmarks/online_fa.py``) :math:`\eta = 1` helps at ``D / K = 10`` and hurts
-      at ``D / K = 100``, so the default stays the thesis's :math:`1/t`.
+    * ``method="em"`` (004 Algorithm 2, Eq. 4.32-4.36, as a stochastic-approximation EM,
+      Cappé & Moulines 2009): running averages :math:`\bar A_t` of :math:`d_t m_t^\top`,
+      :math:`\bar B_t` of the conditional second moment of the latent variable and
+      :math:`\bar{d^2_t}` of :math:`d_t \odot d_t`, then the M-step
+
+      .. math::
+
+          \bar A_t = \bar A_{t-1} + \gamma_t (d_t m_t^\top - \bar A_{t-1}), \quad
+          \bar B_t = \bar B_{t-1} + \gamma_t (\Sigma_t + m_t m_t^\top - \bar B_{t-1}),
+
+          F = \bar A_t \bar B_t^{-1}, \quad
+          \psi = \bar{d^2_t} - \operatorname{rowsum}(F \odot \bar A_t)
+          = \operatorname{diag}(\bar{d d^\top}_t - \bar A_t \bar B_t^{-1} \bar A_t^\top).
+
+      ``statistics="consistent"`` (default) averages :math:`\Sigma_t + m_t m_t^\top`, the
+      conditional second moment :math:`E[h h^\top \mid \theta_t]` under the parameters that
+      produced :math:`m_t` (Cappé & Moulines' sufficient statistic). Every averaged term
+      :math:`E[(d, h)(d, h)^\top \mid \theta_t]` is positive semi-definite, so the Schur complement
+      above is too and :math:`\psi \ge 0` holds by construction. ``statistics="thesis"`` is
+      004's Eq. 4.32: :math:`\bar B_t` averages :math:`m_t m_t^\top` only and the *current*
+      :math:`\Sigma` is added, :math:`\bar H_t = \Sigma + \bar B_t`, which mixes the present
+      posterior covariance with posterior means computed under older parameters; the difference
+      is not positive semi-definite in general and :math:`\psi` can go negative.
+
+      Step sizes: :math:`\gamma_t = 1/t` (004) up to the burn-in :math:`t_b` (``burnin``; default
+      :math:`\max(\text{warmup}, D)`), then the polynomial-decay step
+      :math:`\gamma_t = (\eta + 1)/(t + \eta)` (``step_weight`` :math:`= \eta`; Shamir & Zhang
+      2013), which gives observation :math:`s` a weight proportional to :math:`s^\eta`. With
+      :math:`1/t` the statistics gathered under the random initial :math:`F` keep weight
+      :math:`1/T` for ever, and in stochastic-approximation terms the transient decays only like
+      :math:`t^{-(1-\lambda)}`, with :math:`\lambda` the linear rate of batch EM (the fraction of
+      missing information); :math:`\eta` raises this to :math:`t^{-(\eta+1)(1-\lambda)}` at the
+      price of a variance larger by about :math:`(\eta+1)^2/(2\eta+1)` (4/3 for the default
+      :math:`\eta = 1`). Before :math:`t_b \approx D` observations the averaged statistics of the
+      :math:`D \times K` loadings are mostly noise, and forgetting them then only amplifies it,
+      hence the burn-in with :math:`1/t`. ``step_weight=0`` and ``statistics="thesis"`` give
+      004's Algorithm 2 exactly.
     * ``method="sga"`` (004 Algorithm 1, Eq. 4.24-4.26): one gradient-ascent step of size
       ``learning_rate`` on :math:`F` and on :math:`\beta = \log\psi`.
 
     During the first ``warmup`` observations only the running averages are updated; :math:`F`
     (initialised with orthonormal columns, 004 Sec. 4.3) and :math:`\psi = 1` stay fixed.
 
-    Keeping :math:`\psi` positive: the EM formula is a difference of running averages and can
-    become zero or negative (e.g. constant coordinates, or estimates that lag behind a drifting
-    mean); it is floored at ``psi_min`` (relative to the mean of :math:`\bar{d^2_t}`, with an
+    Keeping :math:`\psi` positive: with ``statistics="consistent"`` the EM formula is
+    non-negative by construction but reaches zero on constant or exactly explained coordinates
+    (and can round below it); with ``statistics="thesis"`` it can also go negative when the
+    statistics lag behind the parameters. It is floored at ``psi_min`` (relative to the mean of :math:`\bar{d^2_t}`, with an
     absolute floor ``tiny``). For SGA :math:`\beta` is clamped to
     :math:`[\log \psi_{\min}, \log \psi_{\max}]`. Both are counted in :attr:`num_psi_clamped`.
 
@@ -67,7 +92,10 @@ class OnlineFactorAnalysis(nn.Module):
         method: ``"em"`` or ``"sga"``.
         learning_rate: SGA step size (004 uses ``1e-3``).
         warmup: Number of warm-up observations (004 uses 100).
-        step_weight: :math:`\eta \ge 0` of the EM step after the warm-up (0: 004's ``1/t``).
+        step_weight: :math:`\eta \ge 0` of the EM step after the burn-in (0: 004's ``1/t``).
+        burnin: Observations with the step ``1/t`` before ``step_weight`` applies (``None``:
+            ``max(warmup, dim)``).
+        statistics: ``"consistent"`` (Cappé & Moulines) or ``"thesis"`` (004 Eq. 4.32); EM only.
         psi_min: Relative floor of :math:`\psi`.
         psi_max: Upper bound of :math:`\psi` in SGA.
         dtype: Dtype of the state.
@@ -90,7 +118,9 @@ class OnlineFactorAnalysis(nn.Module):
         *,
         learning_rate: float = 1e-3,
         warmup: int = 100,
-        step_weight: float = 0.0,
+        step_weight: float = 1.0,
+        burnin: int | None = None,
+        statistics: str = "consistent",
         psi_min: float = 1e-6,
         psi_max: float = 1e8,
         dtype: torch.dtype = torch.float64,
@@ -122,10 +152,22 @@ class OnlineFactorAnalysis(nn.Module):
                     "OnlineFactorAnalysis.step_weight", "a finite number >= 0", step_weight
                 )
             )
+        if statistics not in _STATISTICS:
+            raise InputDataError(
+                expected_got(
+                    "OnlineFactorAnalysis.statistics", f"one of {_STATISTICS}", repr(statistics)
+                )
+            )
         self.method = method
+        self.statistics = statistics
         self.step_weight = float(step_weight)
         self.learning_rate = float(learning_rate)
         self.warmup = check_positive_int(warmup, "OnlineFactorAnalysis.warmup", minimum=0)
+        self.burnin = (
+            max(self.warmup, self.dim)
+            if burnin is None
+            else check_positive_int(burnin, "OnlineFactorAnalysis.burnin", minimum=0)
+        )
         self.psi_min, self.psi_max = float(psi_min), float(psi_max)
         check_float_dtype(dtype, "OnlineFactorAnalysis.dtype")
         kw = {
@@ -191,6 +233,8 @@ class OnlineFactorAnalysis(nn.Module):
         t0, clamped = self.num_observations, 0
         eye = torch.eye(self.latent_dim, dtype=f.dtype, device=f.device)
         lr, em, eta = self.learning_rate, self.method == "em", self.step_weight
+        consistent = self.statistics == "consistent"
+        slow_until = max(self.warmup, self.burnin)
         lo, hi = math.log(self.psi_min), math.log(self.psi_max)
         tiny = torch.finfo(f.dtype).tiny
         for i, theta in enumerate(x):
@@ -201,15 +245,17 @@ class OnlineFactorAnalysis(nn.Module):
             sigma = torch.linalg.inv(eye + c @ f)  # shape: (K, K)
             m = sigma @ (c @ d)  # shape: (K,)
             if em:
-                gamma = 1.0 / t if t <= self.warmup else (eta + 1.0) / (t + eta)
-                b_bar += gamma * (torch.outer(m, m) - b_bar)
+                gamma = 1.0 / t if t <= slow_until else (eta + 1.0) / (t + eta)
+                mm = torch.outer(m, m) + sigma if consistent else torch.outer(m, m)
+                b_bar += gamma * (mm - b_bar)
                 a_bar += gamma * (torch.outer(d, m) - a_bar)
                 d2_bar += gamma * (d * d - d2_bar)
                 if t <= self.warmup:
                     continue
-                h = sigma + b_bar
+                h = b_bar if consistent else sigma + b_bar  # shape: (K, K)
                 f_new = torch.linalg.solve(h, a_bar.mT).mT  # A H^{-1} (H symmetric)
-                psi_new = d2_bar + ((f_new @ h) * f_new - 2 * f_new * a_bar).sum(-1)
+                # diag(d2 - 2 F A^T + F H F^T) = d2 - rowsum(F * A) at F = A H^{-1} (Eq. 4.35)
+                psi_new = d2_bar - (f_new * a_bar).sum(-1)
                 floor = max(self.psi_min * float(d2_bar.mean()), tiny)
                 low = psi_new < floor
                 clamped += int(low.sum())

@@ -116,7 +116,9 @@ class TestStepWeight:
         """eta = 0 is the 1/t recursion of 004 Algorithm 2, replayed here by hand."""
         x = _fa_data(d=6, k=2, t=40)
         g = torch.Generator().manual_seed(3)
-        fa = OnlineFactorAnalysis(6, 2, warmup=5, generator=g).update(x)
+        fa = OnlineFactorAnalysis(
+            6, 2, warmup=5, step_weight=0.0, statistics="thesis", generator=g
+        ).update(x)
         f, _ = torch.linalg.qr(
             torch.randn(6, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
         )
@@ -144,6 +146,53 @@ class TestStepWeight:
         torch.testing.assert_close(fa.loadings, f)
         torch.testing.assert_close(fa.psi, psi)
 
+    def test_default_is_consistent_statistics_with_burnin(self):
+        """Default: Cappé-Moulines statistics, 1/t up to the burn-in, then (eta+1)/(t+eta)."""
+        x = _fa_data(d=6, k=2, t=60)
+        fa = OnlineFactorAnalysis(
+            6, 2, warmup=5, burnin=20, generator=torch.Generator().manual_seed(4)
+        ).update(x)
+        assert fa.step_weight == 1.0 and fa.statistics == "consistent" and fa.burnin == 20
+        f, _ = torch.linalg.qr(
+            torch.randn(6, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        )
+        psi, mean = torch.ones(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+        a, b = torch.zeros(6, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)
+        d2 = torch.zeros(6, dtype=torch.float64)
+        for t, th in enumerate(x, start=1):
+            mean = mean + (th - mean) / t
+            d = th - mean
+            c = (f / psi[:, None]).T
+            sig = torch.linalg.inv(torch.eye(2, dtype=torch.float64) + c @ f)
+            m = sig @ c @ d
+            g = 1 / t if t <= 20 else 2 / (t + 1)
+            b = b + g * (sig + torch.outer(m, m) - b)
+            a = a + g * (torch.outer(d, m) - a)
+            d2 = d2 + g * (d * d - d2)
+            if t > 5:
+                f = a @ torch.linalg.inv(b)
+                psi = torch.diag(torch.diag(d2) - a @ torch.linalg.inv(b) @ a.T)
+        torch.testing.assert_close(fa.loadings, f)
+        torch.testing.assert_close(fa.psi, psi)
+        assert OnlineFactorAnalysis(500, 2).burnin == 500  # default max(warmup, dim)
+        assert OnlineFactorAnalysis(50, 2, warmup=80).burnin == 80
+
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    def test_consistent_statistics_keep_psi_nonnegative(self, seed):
+        """Each averaged E[(d, h)(d, h)^T | theta_t] is PSD, so its Schur complement is too."""
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(600, 6, generator=g, dtype=torch.float64)
+        v = torch.randn(6, generator=g, dtype=torch.float64)
+        # noise first, then one strong factor: the posterior covariance shrinks over time
+        x[300:] = 0.05 * x[300:] + torch.randn(300, 1, generator=g, dtype=torch.float64) * 10 * v
+        x[::37, 2] *= 50.0  # and rare outliers
+        fa = OnlineFactorAnalysis(
+            6, 1, warmup=10, psi_min=1e-300, generator=torch.Generator().manual_seed(seed)
+        ).update(x)
+        assert fa.num_psi_clamped == 0 and bool((fa.psi > 0).all())
+        schur = fa._d2_bar - (fa._a_bar @ torch.linalg.inv(fa._b_bar) * fa._a_bar).sum(-1)
+        assert float(schur.min()) >= -1e-10 * float(fa._d2_bar.max())
+
     def test_polynomial_decay_forgets_the_random_start(self):
         # D / K = 10, as the D = 100 setting of benchmarks/online_fa.py: the 1/t recursion carries
         # the statistics gathered under the random initial F; eta = 1 forgets them
@@ -152,10 +201,20 @@ class TestStepWeight:
         err = {}
         for eta in (0.0, 1.0):
             fa = OnlineFactorAnalysis(
-                40, 4, step_weight=eta, generator=torch.Generator().manual_seed(0)
+                40,
+                4,
+                step_weight=eta,
+                statistics="thesis",
+                generator=torch.Generator().manual_seed(0),
             ).update(x)
             err[eta] = _rel(fa.covariance(), sk)
         assert err[1.0] < 0.8 * err[0.0]
+
+    def test_bad_statistics_and_burnin(self):
+        with pytest.raises(InputDataError, match="statistics"):
+            OnlineFactorAnalysis(5, 2, statistics="batch")
+        with pytest.raises(InputDataError, match="burnin"):
+            OnlineFactorAnalysis(5, 2, burnin=-3)
 
     def test_bad_step_weight(self):
         with pytest.raises(InputDataError, match="step_weight"):
