@@ -1,9 +1,10 @@
 """GWI methods registered in ``gpext bench``.
 
 * ``gwi``: GWI regression (:class:`gpext.models.GWIRegressionModel`): exact-GP prior fitted on a
-  subset and frozen, mean = adaptive kernel expansion (trainable centres and its own copy of
-  the kernel) + MLP started at the sparse-GP posterior mean, ``M`` greedily chosen data points
-  as (fixed) inducing points of ``r``, minibatch Adam on :class:`gpext.mlls.GWIObjective`; 10%
+  subset and frozen, mean = whitened kernel expansion (trainable centres starting at the
+  inducing points and its own trainable copy of the kernel) + MLP, started at the sparse-GP
+  posterior mean, ``M`` greedily chosen data points as (fixed) inducing points of ``r``,
+  minibatch Adam on :class:`gpext.mlls.GWIObjective`; 10%
   of the training split is held out for early stopping and the temperature.
 * ``gwi_robustmax``: GWI classification (:class:`gpext.models.GWIClassificationModel`) with the
   robust-max likelihood; a small CNN mean for image data (MNIST), an MLP otherwise.
@@ -40,9 +41,9 @@ def fit_gwi_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
     Budget (quick / full): ``M`` = 64 / 256 inducing points chosen greedily from the data (the
     SVGP baseline's counts), about 300 / 1500 Adam steps (batches of 256, the baseline's step
     count), prior fit 50 / 150 exact-GP steps.  Learning rates: 0.02 for the mean
-    :math:`m_Q` (its values, centres, kernel copy and network: the SVGP baseline's learning
-    rate, for the parameters that play the role of SVGP's variational mean, inducing locations
-    and kernel) and 1e-3 for ``L`` and the noise.  10% of the training split is held out for
+    :math:`m_Q` (its whitened expansion coefficients, centres, kernel copy and network: the
+    SVGP baseline's learning rate, for the parameters that play the role of SVGP's variational
+    mean, inducing locations and kernel) and 1e-3 for ``L`` and the noise.  10% of the training split is held out for
     early stopping and the temperature.
     """
     gen = torch.Generator().manual_seed(config.seed)

@@ -86,8 +86,10 @@ class GWIRegressionModel(GWIModel):
             prior_points: Subset size of the exact-GP prior fit.
             prior_steps: Adam steps of the prior fit.
             mean_module: Variational mean; overrides ``mean``.
-            mean: ``"kernel+network"`` (default: :math:`m_P(x) + k(x, Z) K_{ZZ}^{-1} v + g(x)`
-                with ``v`` set so that :math:`m_Q` starts at the sparse-GP posterior mean that
+            mean: ``"kernel+network"`` (default: :math:`m_P(x) + k_m(x, C) L_C^{-\top} u + g(x)`
+                with centres ``C`` starting at ``Z``, :math:`L_C L_C^\top = K_{m,CC} + \delta I`
+                and ``u`` set so that
+                :math:`m_Q` starts at the sparse-GP posterior mean that
                 goes with the initial ``L``, and the MLP ``g`` starting at zero),
                 ``"kernel"`` (without ``g``) or ``"network"`` (the MLP alone, two hidden layers
                 of 50, the public scripts' choice; it starts at a random function, far from
@@ -100,11 +102,15 @@ class GWIRegressionModel(GWIModel):
             inducing: How ``Z`` is picked from the data: ``"greedy"`` (default,
                 :func:`~gpext.models.gwi_model.greedy_inducing_subset` under the fitted prior
                 kernel) or ``"random"``.
-            adaptive_mean: With the ``"kernel"`` means, train the expansion's centres and its
-                own copy of the prior kernel (both start at the prior's, so the initial mean is
-                the sparse posterior mean; :math:`\mathbb P`, ``Z`` and :math:`r` keep the
-                frozen kernel).  Default on: with ``M`` well below ``N`` the frozen exact-GP
-                lengthscales make an expansion on ``M`` fixed centres underfit.
+            adaptive_mean: With the ``"kernel"`` means, train the expansion's centres (they
+                start at ``Z``) and its own copy of the prior kernel (it starts at the
+                prior's, so the initial mean is the sparse posterior mean; :math:`\mathbb P`,
+                ``Z`` and :math:`r` keep the frozen kernel and the fixed subset).  Default on:
+                with ``M`` well below ``N`` the frozen exact-GP lengthscales make an expansion
+                on ``M`` fixed centres underfit.  The expansion is whitened
+                (:math:`m_Q = m_P + k_m(x, C) L_C^{-\top} u + g`), so that far from the data and
+                the centres :math:`m_Q` returns to :math:`m_P + g` (see
+                :class:`~gpext.models.gwi_model._KernelExpansionMean`).
             generator: Random generator (subsets, shuffling of the W2 subsamples).
             show_progress: Progress bar of the prior fit.
 
