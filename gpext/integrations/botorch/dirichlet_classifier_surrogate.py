@@ -10,22 +10,13 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 
-from gpext.errors import InputTypeError, NotFittedError, NumericalError, expected_got
+from gpext.errors import InputTypeError, NotFittedError, expected_got
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.models import DirichletGPClassifier
+from gpext.models import _dirichlet_gp_solvers as solvers
 
 __all__ = ["DirichletClassifierSurrogate"]
-
-
-def _chol(mat: torch.Tensor, what: str) -> torch.Tensor:
-    chol, info = torch.linalg.cholesky_ex(mat)
-    if bool((info > 0).any()):
-        raise NumericalError(
-            f"DirichletClassifierSurrogate: Cholesky factorisation of {what} failed (not positive "
-            "definite). Use float64 or a larger jitter of the classifier."
-        )
-    return chol
 
 
 class DirichletClassifierSurrogate(LatentGPSurrogate):
@@ -95,12 +86,10 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
         if train is None:
             raise NotFittedError("DirichletClassifierSurrogate: fit the classifier first.")
         x = train["x"].to(X)
-        values = self.model.transform.values()
+        nv = self.model._noise_values(X.dtype)  # per-class targets minus means, and noises
         onehot = torch.nn.functional.one_hot(train["labels"], self.model.num_classes).T.to(X)
-        mu = self.model.class_means.to(X).unsqueeze(-1)  # shape: (C, 1)
-        resid = values["neg_target"] + (values["pos_target"] - values["neg_target"]) * onehot - mu
-        extra = self.model.extra_noise.to(X)
-        noise = values["neg_noise"] + (values["pos_noise"] - values["neg_noise"]) * onehot + extra
+        resid = nv.r_neg.unsqueeze(-1) + (nv.r_pos - nv.r_neg).unsqueeze(-1) * onehot
+        noise = nv.s_neg + (nv.s_pos - nv.s_neg) * onehot
         return x, resid, noise  # shapes: (N, D), (C, N), (C, N)
 
     def _train_factors(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -131,22 +120,22 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
         return factors
 
     def _compute_train_factors(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
-        x, resid, noise = self._training_set(X)
         kernel = self.model.kernel
         z = self.model.inducing_points
         if z is None:
-            chol = _chol(kernel(x).to_dense() + torch.diag_embed(noise), "K + D_c")  # (C, N, N)
+            x, resid, noise = self._training_set(X)
+            k = kernel(x).to_dense() + torch.diag_embed(noise)  # shape: (C, N, N)
+            chol = solvers._chol(k, "K + D_c")
             alpha = torch.cholesky_solve(resid.unsqueeze(-1), chol)  # shape: (C, N, 1)
             return {"x": x, "chol": chol, "alpha": alpha}
-        z = z.to(X)
-        m = z.shape[0]
-        eye = torch.eye(m, dtype=X.dtype, device=X.device)
-        chol_m = _chol(kernel(z).to_dense() + self.model.jitter * eye, "K_ZZ")
-        v = torch.linalg.solve_triangular(chol_m, kernel(z, x).to_dense(), upper=False)
-        b = eye + (v / noise.unsqueeze(-2)) @ v.T  # shape: (C, M, M)
-        chol_b = _chol(b, "I + V D_c^-1 V^T")
-        rhs = v @ (resid / noise).unsqueeze(-1)  # shape: (C, M, 1)
-        coef = torch.cholesky_solve(rhs, chol_b)
+        # the same factors as the classifier's collapsed bound and predict_latent
+        train, z = self.model._train, z.to(X)
+        x = train["x"].to(X)
+        nv = self.model._noise_values(X.dtype)
+        chol_m, _, chol_b, b = solvers._sparse_factors(
+            kernel(z).to_dense(), kernel(z, x).to_dense(), train["offsets"], nv, self.model.jitter
+        )
+        coef = torch.cholesky_solve(b.unsqueeze(-1), chol_b)  # shape: (C, M, 1)
         return {"z": z, "chol_m": chol_m, "chol_b": chol_b, "coef": coef}
 
     def _latent(self, X: torch.Tensor) -> MultivariateNormal:
