@@ -452,24 +452,8 @@ def select_temperature(
     has_val = run.val_x.shape[0] > 0
     best, scores = None, {}
     for exponent in TEMPERATURE_EXPONENTS if has_val else (1.0,):
-        temperature = temperature_grid(run.x.shape[0], proj.shape[0], (exponent,))[0]
-        model = SubspaceModel(
-            run.net,
-            run.trajectory.swa_weights(),
-            proj,
-            _LIKELIHOOD,
-            prior_std=1.0,
-            temperature=temperature,
-        )
-        thetas = model.sample_ess(
-            run.x,
-            run.y,
-            30,
-            burn_in=config.budget(20, 50),
-            thin=2,
-            generator=torch.Generator().manual_seed(config.seed),
-            show_progress=config.show_progress,
-        )
+        temperature, model = _tempered_model(run, proj, exponent)
+        thetas = _ess_draws(model, run, config, torch.Generator().manual_seed(config.seed))
         score = float("nan")
         if has_val:
             pred = model.predict(run.val_x, thetas)
@@ -489,6 +473,37 @@ def select_temperature(
     return selection
 
 
+def _tempered_model(
+    run: SubspaceRun, proj: torch.Tensor, exponent: float
+) -> tuple[float, SubspaceModel]:
+    """The subspace model around the run's SWA weights at temperature ``(N / rank)^exponent``."""
+    temperature = temperature_grid(run.x.shape[0], proj.shape[0], (exponent,))[0]
+    model = SubspaceModel(
+        run.net,
+        run.trajectory.swa_weights(),
+        proj,
+        _LIKELIHOOD,
+        prior_std=1.0,
+        temperature=temperature,
+    )
+    return temperature, model
+
+
+def _ess_draws(
+    model: SubspaceModel, run: SubspaceRun, config: BenchConfig, generator: torch.Generator
+) -> torch.Tensor:
+    """30 elliptical-slice draws of the subspace coordinates on the run's training rows."""
+    return model.sample_ess(
+        run.x,
+        run.y,
+        30,
+        burn_in=config.budget(20, 50),
+        thin=2,
+        generator=generator,
+        show_progress=config.show_progress,
+    )
+
+
 def _projection(run: SubspaceRun, subspace: str, config: BenchConfig) -> torch.Tensor:
     if subspace == "pca":
         gen = torch.Generator().manual_seed(config.seed)
@@ -505,26 +520,10 @@ def _subspace_method(
     t0 = time.perf_counter()
     proj = _projection(run, subspace, config)
     exponent = run.temperature_exponent(subspace, config)
-    temperature = temperature_grid(run.x.shape[0], proj.shape[0], (exponent,))[0]
-    model = SubspaceModel(
-        run.net,
-        run.trajectory.swa_weights(),
-        proj,
-        _LIKELIHOOD,
-        prior_std=1.0,
-        temperature=temperature,
-    )
+    temperature, model = _tempered_model(run, proj, exponent)
     gen = torch.Generator().manual_seed(config.seed)
     if inference == "ess":
-        thetas = model.sample_ess(
-            run.x,
-            run.y,
-            30,
-            burn_in=config.budget(20, 50),
-            thin=2,
-            generator=gen,
-            show_progress=config.show_progress,
-        )
+        thetas = _ess_draws(model, run, config, gen)
     else:
         model.fit_vi(
             run.x,
