@@ -3,11 +3,12 @@
 Data sets boston, concrete, energy, yacht, naval with the 20 standard 90/10 splits (quick: split
 0 only); standardised inputs and targets. Per split one heteroscedastic MLP trained on all
 training rows gives the SGD trajectory all 8 methods share (SGD, SWA, SWAG, PCA+ESS, PCA+VI,
-InKPCA+ESS, InKPCA+VI, FA-SWAG; every setting is in ``gpext/bench/methods_subspace.py``). The
-likelihood temperature of each subspace posterior is chosen beforehand from
-{1, (N/rank)^0.5, N/rank, (N/rank)^1.5} by the validation log-likelihood of ESS on a network
-trained on 90% of the training rows; nothing is chosen on the test rows. ``PROTOCOL`` below is
-the full statement, also written into the results.
+InKPCA+ESS, InKPCA+VI, FA-SWAG). Its training recipe (drbayes's per-dataset recipe or the
+earlier gpext recipe; the table is in ``gpext/bench/methods_subspace.py``) and the likelihood
+temperature of each subspace posterior, T = (N/rank)^e with e in {-1, -0.5, 0, 0.5, 1, 1.5, 2,
+2.5}, are chosen beforehand by the validation log-likelihood of ESS on networks trained on 90%
+of the training rows; nothing is chosen on the test rows.
+``PROTOCOL`` below is the full statement, also written into the results.
 
 Goals (issue 5): the best gpext subspace method beats drbayes's published test log-likelihood
 (best of its PCA+ESS, PCA+VI and SWAG) on at least 3 of the 5 sets; the coverage of that method is
@@ -15,12 +16,26 @@ within [0.90, 0.98] on at least 4 of the 5.
 
     python benchmarks/subspace_uci.py --quick     # split 0 of every set
     python benchmarks/subspace_uci.py             # all 20 splits
+
+The full run can be split into parallel processes over disjoint (data set, split) pairs
+(``--first-split K --splits n`` runs splits K .. K+n-1; every split is seeded by its index, so
+the rows are those of a single run), each writing its own folder, and combined afterwards into
+``benchmarks/results/subspace_uci.{json,md}`` (the same aggregate table, goals and temperature
+counts as one run over all the data sets and splits):
+
+    python benchmarks/subspace_uci.py --datasets naval --splits 10 --out /tmp/sub_a
+    python benchmarks/subspace_uci.py --datasets naval --first-split 10 --out /tmp/sub_b
+    python benchmarks/subspace_uci.py --datasets boston concrete energy yacht --out /tmp/sub_c
+    python benchmarks/subspace_uci.py --combine /tmp/sub_a /tmp/sub_b /tmp/sub_c
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
-from _common import base_parser, out_dir
+from _common import RESULTS, base_parser, out_dir
 
 import gpext.bench.methods_subspace  # noqa: F401  (registers the methods)
 from gpext.bench import (
@@ -31,6 +46,7 @@ from gpext.bench import (
     write_results,
 )
 from gpext.bench.results import invocation
+from gpext.errors import InputDataError, expected_got
 
 DATASETS = ("boston", "concrete", "energy", "yacht", "naval")
 METHODS = (
@@ -44,21 +60,32 @@ METHODS = (
     "fa_swag",
 )
 PROTOCOL = (
-    "One heteroscedastic MLP (one hidden layer of 50 units) per split is trained by SGD on all "
-    "training rows (batch N/10, 200 epochs, the second half at a constant rate with one "
-    "collection per epoch); all 8 methods come from that one shared trajectory. The only "
-    "selection is the likelihood temperature T = (N/rank)^e of the subspace posteriors, made "
-    "before it per split: 10% of the training rows (seeded random subset) are held out, the same "
-    "recipe trains a network on the other 90%, and in each of its subspaces (PCA, InKPCA) ESS "
-    "is run at e in {0, 0.5, 1, 1.5} (T from 1 through the drbayes default N/rank to one step "
-    "beyond); the e whose 30-sample model average has the highest validation log-likelihood is "
-    "used, with the full N, by that subspace's ESS and VI methods on the shared run. Nothing is "
-    "selected on the test rows; all other settings are fixed "
-    "(gpext/bench/methods_subspace.py). --quick: split 0, 100 epochs, ESS burn-in 20, 200 VI "
-    "steps. Metrics in original units on the test rows: RMSE, test log-likelihood (mean per "
-    "point; mixture density for the sampling methods), 95% coverage, seconds (shared "
-    "training and the method's own time; for the subspace methods also the temperature search "
-    "of their subspace)."
+    "One heteroscedastic MLP (one hidden layer of 50 units) per split is trained on all training "
+    "rows by SGD (momentum 0.9) with one of two recipes, chosen per split on validation rows: "
+    "drbayes's per-dataset recipe (epochs, batch, constant lr, weight decay, collection from "
+    "epoch: boston 300, 30, 1e-3, 1e-1, 200; concrete 1000, 100, 1e-3, 1e-2, 500; energy 1000, "
+    "100, 1e-3, 1e-1, 500; naval 1000, 100, 5e-4, 1e-4, 500; yacht 1000, 30, 1e-3, 1e-1, 500) or "
+    "the earlier gpext recipe (200 epochs, batch N/10, lr 1e-2 cosine to 5e-3 over the first "
+    "100 epochs then constant, weight decay 1e-3, collection from epoch 100); one collection per "
+    "epoch of the collection phase, a seeded shuffle every epoch and gradients clipped to norm "
+    "10 (a safety net; both differ from drbayes). All 8 methods come from that one shared "
+    "trajectory: SWA and SWAG over every collection, PCA over the last 20 deviations, InKPCA "
+    "over every c-th collection (c = round(collections/100), about 100 deviations), FA-SWAG "
+    "over every SGD iterate of the collection phase; rank 20 and 30 samples everywhere. "
+    "Selection, per split, before the final run: 10% of the training rows (seeded random "
+    "subset) are held out; each recipe trains a network on the other 90%, and in each of its "
+    "subspaces (PCA, InKPCA) ESS is run at T = (N/rank)^e, e in {-1, -0.5, 0, 0.5, 1, 1.5, 2, "
+    "2.5} (T from rank/N through 1 and the drbayes default N/rank to (N/rank)^2.5); the recipe "
+    "with the best validation log-likelihood of a 30-sample ESS model average anywhere on its "
+    "grid is used for the final run on all training rows, and in each subspace the e with the "
+    "best validation log-likelihood (on the chosen recipe's run) is used, with the full N, by "
+    "that subspace's ESS and VI methods. Nothing is selected on the test rows; all other "
+    "settings are fixed (gpext/bench/methods_subspace.py). --quick: split 0, every recipe's "
+    "epochs divided by 10 (collection over the same fraction, but at least the last 20 "
+    "epochs), ESS burn-in 20, 200 VI steps. Metrics in original units on the test rows: RMSE, "
+    "test log-likelihood (mean per point; mixture density for the sampling methods), 95% "
+    "coverage, seconds (the final training run, the whole validation search, which every "
+    "method depends on, and the method's own time)."
 )
 SUBSPACE_METHODS = ("pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag")
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
@@ -71,30 +98,90 @@ PUBLISHED_LL = {
 }
 
 
-def main() -> None:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--splits", type=int, default=None)
-    parser.add_argument("--datasets", nargs="*", default=list(DATASETS))
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    config = BenchConfig(quick=args.quick, seed=args.seed, dtype=torch.float64)
-    splits = args.splits or (1 if args.quick else 20)
-    run = run_benchmark(
-        args.datasets, METHODS, config=config, data_dir=args.data_dir, splits=splits
-    )
-    for row in run.rows:  # seconds of the shared training run are counted for every method
-        _, pred = run.predictions[(row["dataset"], row["method"], row["split"])]
-        row["seconds"] = float(pred.info.get("seconds", row["seconds"]))
-        row["test_ll"] = -row.pop("nll")
-        if "temperature" in pred.info:
-            row["temperature"] = float(pred.info["temperature"])
-            row["temperature_exponent"] = float(pred.info["temperature_exponent"])
-    for f in run.failures:
-        print("FAILED", f)
-    table = aggregate_rows(run.rows)
-    goals, beats, covered = {}, 0, 0
-    for ds in args.datasets:
+def combine_parts(dirs: list[str | Path]) -> dict:
+    """Merge the per-split rows of several runs over disjoint (data set, split) pairs.
+
+    Args:
+        dirs: Folders holding a ``subspace_uci.json`` written by this script (``--out``).
+
+    Returns:
+        ``{"rows", "failures", "splits", "quick", "commands"}``; rows sorted by data set (in
+        the order of ``DATASETS``) and split, as one run over all of them writes them;
+        ``splits`` is the number of splits of every data set.
+
+    Raises:
+        InputDataError: If a file is missing or not a per-split result of this benchmark, two
+            parts hold the same (data set, split), the parts differ in quick mode, or the data
+            sets end up with different sets of splits.
+    """
+    if not dirs:
+        raise InputDataError(expected_got("--combine", "one or more result folders", dirs))
+    rows, failures, commands, seen, quick = [], [], [], {}, []
+    for d in dirs:
+        path = Path(d) / "subspace_uci.json"
+        if not path.is_file():
+            raise InputDataError(
+                expected_got("--combine folder", "a folder with subspace_uci.json", str(d))
+            )
+        payload = json.loads(path.read_text())
+        if payload.get("benchmark") != "subspace_uci" or "per_split_rows" not in payload:
+            raise InputDataError(
+                expected_got(
+                    str(path), "a subspace_uci result with per_split_rows", payload.get("benchmark")
+                )
+            )
+        for key in sorted({(r["dataset"], r["split"]) for r in payload["per_split_rows"]}):
+            if key in seen:
+                raise InputDataError(
+                    expected_got(
+                        "--combine parts",
+                        "disjoint (data set, split) pairs",
+                        f"{key} in {seen[key]} and {d}",
+                    )
+                )
+            seen[key] = str(d)
+        quick.append(payload.get("quick"))
+        if len(set(quick)) > 1:
+            raise InputDataError(
+                expected_got("--combine parts", "the same quick mode", (quick, str(d)))
+            )
+        rows += payload["per_split_rows"]
+        failures += payload.get("failures", [])
+        commands.append(payload["command"])
+    per_set: dict[str, set] = {}
+    for ds, split in seen:
+        per_set.setdefault(ds, set()).add(split)
+    if len({frozenset(v) for v in per_set.values()}) > 1:
+        raise InputDataError(
+            expected_got(
+                "--combine parts",
+                "the same splits for every data set",
+                {ds: sorted(v) for ds, v in per_set.items()},
+            )
+        )
+    order = {ds: i for i, ds in enumerate(DATASETS)}
+    rows.sort(key=lambda r: (order.get(r["dataset"], len(order)), r["split"]))  # stable
+    return {
+        "rows": rows,
+        "failures": failures,
+        "splits": len(next(iter(per_set.values()), ())),
+        "quick": quick[0],
+        "commands": commands,
+    }
+
+
+def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, dict, dict]:
+    """Aggregate table, goals and chosen-temperature counts of the per-split rows.
+
+    Returns:
+        ``(table, goals, temperature_counts, recipe_counts)``;
+        ``temperature_counts[dataset][subspace]["e=.."]``
+        counts the splits whose validation search chose that exponent, and
+        ``recipe_counts[dataset]["drbayes"|"gpext"]`` those that chose that training recipe.
+    """
+    table = aggregate_rows(rows)
+    beats = covered = 0
+    for ds in datasets:
         mine = [r for r in table if r["dataset"] == ds and r["method"] in SUBSPACE_METHODS]
         if not mine:
             continue
@@ -105,37 +192,111 @@ def main() -> None:
             f"{ds}: best {best['method']} test LL {best['test_ll']:.3f} (published best "
             f"{max(PUBLISHED_LL[ds]):.3f}), coverage {best['coverage95']:.3f}"
         )
-    goals["best_subspace_method_beats_published_ll_on_3_of_5"] = beats >= 3
-    goals["best_subspace_method_coverage_in_[0.90,0.98]_on_4_of_5"] = covered >= 4
+    goals = {
+        "best_subspace_method_beats_published_ll_on_3_of_5": beats >= 3,
+        "best_subspace_method_coverage_in_[0.90,0.98]_on_4_of_5": covered >= 4,
+    }
     # how often each grid point T = (N/rank)^e was chosen, per data set and subspace (the ESS
     # and VI methods of a subspace share the choice)
     temps: dict[str, dict[str, dict[str, int]]] = {}
-    for row in run.rows:
+    for row in rows:
         if row["method"].endswith("_ess") and "temperature_exponent" in row:
-            e = f"e={row.pop('temperature_exponent'):.1f}"
+            e = f"e={row['temperature_exponent']:.1f}"
             counts = temps.setdefault(row["dataset"], {}).setdefault(row["method"][:-4], {})
             counts[e] = counts.get(e, 0) + 1
-        row.pop("temperature_exponent", None)
+    # which training recipe the validation search chose, per data set (one count per split)
+    recipes: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row["method"] == "swag" and "drbayes_recipe" in row:
+            name = "drbayes" if row["drbayes_recipe"] else "gpext"
+            counts = recipes.setdefault(row["dataset"], {})
+            counts[name] = counts.get(name, 0) + 1
     for row in table:  # a mean over splits of T is meaningless; the counts above say it all
-        for key in [k for k in row if k.startswith("temperature")]:
+        for key in [k for k in row if k.startswith(("temperature", "drbayes_recipe"))]:
             row.pop(key)
+    return table, goals, temps, recipes
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--splits", type=int, default=None, help="number of splits")
+    parser.add_argument(
+        "--first-split",
+        type=int,
+        default=0,
+        help="run splits first .. first + splits - 1 (default splits: up to split 19)",
+    )
+    parser.add_argument("--datasets", nargs="*", default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="combine the per-split rows of runs written with --out DIR --datasets ... "
+        "(disjoint data sets) into one result (no training)",
+    )
+    args = parser.parse_args()
+    if args.combine:
+        if args.datasets is not None or args.splits is not None or args.quick or args.first_split:
+            parser.error("--combine takes its data sets, splits and quick mode from the parts")
+        try:
+            parts = combine_parts(args.combine)
+        except InputDataError as err:
+            parser.error(str(err))
+        rows, failures, splits = parts["rows"], parts["failures"], parts["splits"]
+        quick, command = bool(parts["quick"]), "; ".join(parts["commands"])
+        present = {r["dataset"] for r in rows}
+        datasets = [ds for ds in DATASETS if ds in present]
+    else:
+        datasets = list(DATASETS) if args.datasets is None else args.datasets
+        torch.set_num_threads(args.threads)
+        config = BenchConfig(quick=args.quick, seed=args.seed, dtype=torch.float64)
+        splits = args.splits or (1 if args.quick else 20 - args.first_split)
+        if args.first_split < 0 or splits < 1:
+            parser.error("--first-split and --splits must give at least one split index >= 0")
+        quick, command = args.quick, invocation()
+        indices = list(range(args.first_split, args.first_split + splits))
+        run = run_benchmark(
+            datasets, METHODS, config=config, data_dir=args.data_dir, splits=indices
+        )
+        for row in run.rows:  # seconds of the shared training run are counted for every method
+            _, pred = run.predictions[(row["dataset"], row["method"], row["split"])]
+            row["seconds"] = float(pred.info.get("seconds", row["seconds"]))
+            row["test_ll"] = -row.pop("nll")
+            if "drbayes_recipe" in pred.info:
+                row["drbayes_recipe"] = float(pred.info["drbayes_recipe"])
+            if "temperature" in pred.info:
+                row["temperature"] = float(pred.info["temperature"])
+                row["temperature_exponent"] = float(pred.info["temperature_exponent"])
+        rows, failures = run.rows, run.failures
+    for f in failures:
+        print("FAILED", f)
+    table, goals, temps, recipes = summarise(rows, datasets)
     columns = ["dataset", "method", "rmse", "test_ll", "coverage95", "seconds", "n"]
     print(format_markdown_table(table, [c for c in columns if any(c in r for r in table)]))
     for k, v in goals.items():
         print(f"goal {k}: {'met' if v else 'MISSED'}")
+    if args.combine and not args.out:  # where one run of the parts' kind would write
+        out = RESULTS / "quick" if quick else RESULTS
+    else:
+        out = out_dir(args)
     write_results(
         "subspace_uci",
         table,
-        out_dir(args),
-        command=invocation(),
+        out,
+        command=command,
         extra={
             "protocol": PROTOCOL,
             "goals": goals,
             "chosen_temperature_exponents": temps,
+            "chosen_recipes": recipes,
             "published_ll": PUBLISHED_LL,
             "splits": splits,
-            "failures": run.failures,
-            "per_split_rows": run.rows,
+            "first_split": 0 if args.combine else args.first_split,
+            "quick": quick,
+            "failures": failures,
+            "per_split_rows": rows,
         },
         markdown_skip=["per_split_rows"],
     )

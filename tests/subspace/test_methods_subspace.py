@@ -92,10 +92,11 @@ class TestSubspaceBenchMethods:
             ms.fit_subspace_run(split, BenchConfig(quick=True, seed=5), validation_fraction=0.7)
 
     def test_temperature_grid(self):
+        assert ms.TEMPERATURE_EXPONENTS == (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
         grid = ms.temperature_grid(400, 20)
-        assert len(grid) == 4 and grid[0] == 1.0
-        assert math.isclose(grid[1], 20**0.5) and math.isclose(grid[2], 20.0)
-        assert math.isclose(grid[3], 20**1.5)
+        assert len(grid) == 8 and math.isclose(grid[0], 1 / 20) and grid[2] == 1.0
+        assert math.isclose(grid[1], 20**-0.5) and math.isclose(grid[4], 20.0)
+        assert math.isclose(grid[-1], 20**2.5)
         ratios = [b / a for a, b in zip(grid, grid[1:])]
         assert all(math.isclose(r, ratios[0]) for r in ratios)
         assert ms.temperature_grid(400, 20, (1.0,)) == [20.0]
@@ -125,6 +126,25 @@ class TestSubspaceBenchMethods:
             float(dist[dist > 0].median()),
             rel_tol=1e-5,
         )
+
+    def test_delayed_rbf_inkpca_feeds_every_cth_collection_in_order(self):
+        obs = ms.DelayedRBFInKPCA(rank=2, num_init=2, feed_every=3)
+        g = torch.Generator().manual_seed(2)
+        devs = [torch.zeros(6, dtype=torch.float64)] + [
+            torch.randn(6, generator=g, dtype=torch.float64) for _ in range(10)
+        ]
+        for d in devs:
+            obs(None, d)
+        assert obs.num_seen == 11 and obs.subspace.num_points == 4  # collections 1, 4, 7, 10
+        torch.testing.assert_close(obs.subspace.kpca.points, torch.stack(devs[::3]))
+        x = torch.stack(devs[3::3][:2])
+        assert math.isclose(
+            float(obs.subspace.kpca.kernel.lengthscale.detach()),
+            float(torch.cdist(x, x)[0, 1]),
+            rel_tol=1e-5,
+        )
+        with pytest.raises(InputDataError, match="feed_every"):
+            ms.DelayedRBFInKPCA(rank=2, feed_every=0)
 
     def test_batched_feed_equals_row_by_row(self):
         from gpext.subspace import OnlineFactorAnalysis
