@@ -2,9 +2,11 @@
 
 Registered methods:
 
-* ``ign`` (regression): :class:`gpext.models.InducingGPNetwork` on an :class:`gpext.nn.MLP`;
-  ``fit`` ends with the closed-form pseudo-label refit
-  (:meth:`~gpext.models.InducingGPNetwork.refit_pseudo_labels`), its default for regression.
+* ``ign`` (regression): :class:`gpext.models.InducingGPNetwork` on an :class:`gpext.nn.MLP`,
+  trained on 002 Eq. 5 with the full or the independent minibatch covariance, per data set
+  (:data:`IGN_MINIBATCH_COVARIANCE`);
+  the fit ends with the closed-form pseudo-label refit
+  (:meth:`~gpext.models.InducingGPNetwork.refit_pseudo_labels`, ridge :data:`REFIT_RIDGE`).
 * ``dkl_svgp`` (regression): GPyTorch deep-kernel SVGP, the same MLP, inducing points learned
   on its features, minibatch ELBO.
 * ``ign_ova`` / ``ign_dirichlet`` (classification): IGN with one-vs-all probit heads
@@ -15,7 +17,9 @@ Registered methods:
 
 All methods of one task share one budget (:func:`ign_budget`: inducing points, epochs,
 minibatch size, learning rate, network), so that comparisons are at equal epochs and
-inducing-point counts; :func:`fit_predict_svgp` is GPyTorch's input-space SVGP on that budget.
+inducing-point counts; the regression epochs per data set (:data:`REGRESSION_EPOCHS`) and
+IGN's objective and refit ridge were chosen on validation parts of the training rows (see
+their comments); :func:`fit_predict_svgp` is GPyTorch's input-space SVGP on that budget.
 """
 
 from __future__ import annotations
@@ -40,7 +44,55 @@ __all__ = [
     "fit_variational",
     "ign_budget",
     "make_embedding",
+    "IGN_MINIBATCH_COVARIANCE",
+    "REFIT_RIDGE",
+    "REGRESSION_EPOCHS",
 ]
+
+
+#: Full-run epochs of the regression sets of ``benchmarks/ign.py`` (one budget per data set,
+#: shared by IGN, the SVGP and the deep-kernel SVGP).  Chosen by the issue-7 validation study:
+#: for each set the three methods were fitted at the session-3 budget (12 epochs, 6 for the
+#: two sets with more than 20000 training rows) and at 2x and 4x (cosine schedule over the
+#: whole budget), on a seeded 80/20 split of the TRAINING rows of folds 0 and 1 (no test row of
+#: any fold); the number is the budget with the lowest mean validation RMSE of the deep-kernel
+#: SVGP (ties to the shorter one), so the strongest baseline gets its best budget and IGN and
+#: the SVGP get the same -- conservative for IGN.  Other data sets fall back to the old rule.
+REGRESSION_EPOCHS: dict[str, int] = {
+    "elevators": 12,
+    "pol": 48,
+    "keggdirected": 24,
+    "protein": 24,
+    "bike": 48,
+}
+
+#: IGN's training objective per regression set: ``"full"``, 002 Eq. 5 with the full minibatch
+#: covariance :math:`K_{B|Z}`, or ``"independent"`` (the model's default, size-one minibatches;
+#: also the fallback for other data sets).  Chosen per data set on IGN's own validation RMSE in
+#: the same validation study, at the epochs of :data:`REGRESSION_EPOCHS` (mean over the two
+#: validation parts, independent / full): elevators 0.08906 / 0.08823, pol 2.521 / 3.363,
+#: keggdirected 0.1269 / 0.1277, protein 4.072 / 3.784, bike 0.0573 / 0.0024.  A first rule
+#: (one choice for all sets, made at the session-3 budget to save time) had picked "full"
+#: everywhere (lower on all 10 parts there), but at the chosen epochs the full objective drifts
+#: on pol to the degenerate optimum described in :class:`~gpext.models.InducingGPNetwork`
+#: (2.60 at 12 epochs, 3.36 at 48), so the choice was made per set at the epochs actually run.
+IGN_MINIBATCH_COVARIANCE: dict[str, str] = {
+    "elevators": "full",
+    "pol": "independent",
+    "keggdirected": "independent",
+    "protein": "full",
+    "bike": "full",
+}
+
+#: Ridge of IGN's closed-form pseudo-label refit after the last epoch
+#: (:meth:`gpext.models.InducingGPNetwork.refit_pseudo_labels`; ``fit`` runs it by default only
+#: for the independent objective, here it runs for both).  Chosen in the same study, after the
+#: objective, from ``{1e-2, 1e-1, 1}`` and "no refit", keeping the current value (1) unless
+#: another is clearly better: with the full objective, RMSE relative to ridge 1 was -2.5% /
+#: -1.4% for 1e-2 / 1e-1 in the mean over the sets but lower on only 5 / 6 of 10 parts, all of
+#: the gain on bike (RMSE about 0.008) and within +-0.15% on the other four sets, so 1 is
+#: kept; without the refit bike's RMSE was 4 times larger.
+REFIT_RIDGE: float = 1.0
 
 
 def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
@@ -49,7 +101,11 @@ def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
     ``num_inducing``, ``epochs``, ``batch_size``; Adam with learning rate ``lr`` for network
     weights and ``gp_lr`` for everything else (inducing points, kernel and likelihood
     hyperparameters, variational parameters, pseudo-label function), both annealed to zero by
-    a cosine schedule over all minibatch steps (``lr_schedule``).
+    a cosine schedule over all minibatch steps (``lr_schedule``).  Regression: full-run epochs
+    from :data:`REGRESSION_EPOCHS` by ``split.name`` (else 12, or 6 above 20000 training
+    rows), and, used by IGN only, ``refit_ridge`` (:data:`REFIT_RIDGE`), the ridge of its
+    pseudo-label refit, and ``minibatch_covariance`` (:data:`IGN_MINIBATCH_COVARIANCE` by
+    ``split.name``, else ``"independent"``).
     """
     if split.task == "classification":
         return {
@@ -61,13 +117,16 @@ def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
             "lr_schedule": "cosine",
         }
     n = split.num_train
+    default = 6 if n > 20000 else 12
     return {
         "num_inducing": config.budget(64, 128),
-        "epochs": config.budget(2, 6) if n > 20000 else config.budget(4, 12),
+        "epochs": config.budget(2 if n > 20000 else 4, REGRESSION_EPOCHS.get(split.name, default)),
         "batch_size": 256,
         "lr": 5e-3,
         "gp_lr": 0.02,
         "lr_schedule": "cosine",
+        "refit_ridge": REFIT_RIDGE,
+        "minibatch_covariance": IGN_MINIBATCH_COVARIANCE.get(split.name, "independent"),
     }
 
 
@@ -123,7 +182,14 @@ def _xy(split: DatasetSplit, config: BenchConfig):
 def fit_predict_ign(
     split: DatasetSplit, config: BenchConfig, *, task: str | None = None, budget: dict | None = None
 ) -> Prediction:
-    """Fit an :class:`InducingGPNetwork` (``task``: regression / one_vs_all / dirichlet)."""
+    """Fit an :class:`InducingGPNetwork` (``task``: regression / one_vs_all / dirichlet).
+
+    For regression the model uses the budget's ``minibatch_covariance`` (default
+    ``"independent"``) and its pseudo-labels are refitted in closed form after the last epoch
+    with the budget's ``refit_ridge`` (:meth:`InducingGPNetwork.refit_pseudo_labels`); a budget
+    without that key uses ``fit``'s default (a refit with ridge 1 for the independent
+    objective only).
+    """
     budget = budget or ign_budget(split, config)
     gen = _gen(config)
     x, y, xt = _xy(split, config)
@@ -132,14 +198,20 @@ def fit_predict_ign(
     if task == "one_vs_all" and split.num_classes == 2:
         task = "binary"
     kwargs = {} if task == "regression" else {"num_classes": int(split.num_classes)}
+    if task == "regression":
+        kwargs["minibatch_covariance"] = budget.get("minibatch_covariance", "independent")
     model = InducingGPNetwork(
         make_embedding(split), num_inducing=budget["num_inducing"], task=task, **kwargs
     ).to(device=x.device, dtype=x.dtype)
+    ridge = budget.get("refit_ridge") if task == "regression" else None
     model.fit(
         x, y, epochs=budget["epochs"], batch_size=budget["batch_size"], lr=budget["lr"],
         gp_lr=budget["gp_lr"], lr_schedule=budget["lr_schedule"], generator=gen,
-        show_progress=config.show_progress,
+        show_progress=config.show_progress, refit_pseudo_labels=False if ridge is not None else None,
     )  # fmt: skip
+    if ridge is not None:  # the refit of ``fit`` with the budget's ridge, for both objectives
+        model.refit_pseudo_labels(x, y, ridge=float(ridge))
+        model.eval()
     if task == "regression":
         mean, var = model.predict(xt)
         return Prediction(mean=mean.cpu(), variance=var.cpu(), info=dict(budget))
