@@ -21,12 +21,10 @@ Three ways to form and factorise the systems, chosen by ``method``:
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError, expected_got
-from gpext.utils import check_finite, check_positive_int, progress_bar
+from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.utils import check_finite, check_positive_int, progress_bar, safe_cholesky
 
 __all__ = ["solve_perturbed_map"]
 
@@ -34,26 +32,18 @@ METHODS = ("auto", "primal", "dual")
 
 
 def _cholesky(a: torch.Tensor, what: str, jitter: float | None) -> torch.Tensor:
-    """Cholesky factor, retrying with growing diagonal jitter (and a warning) on failure."""
-    chol, info = torch.linalg.cholesky_ex(a)
-    if int(info) == 0:
-        return chol
-    scale = float(a.diagonal().abs().mean())
-    tries = [jitter] if jitter is not None else [1e-8, 1e-6, 1e-4]
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    for rel in tries:
-        chol, info = torch.linalg.cholesky_ex(a + rel * scale * eye)
-        if int(info) == 0:
-            warnings.warn(
-                f"solve_perturbed_map: the {what} matrix was not numerically positive definite; "
-                f"added jitter {rel * scale:.3g} to its diagonal.",
-                NumericalWarning,
-                stacklevel=3,
-            )
-            return chol
-    raise NumericalError(
-        f"solve_perturbed_map: Cholesky of the {what} matrix failed even with jitter "
-        f"{tries[-1] * scale:.3g}. Use float64, fewer features or a larger noise."
+    """Cholesky factor; on failure the relative jitter ``jitter`` (default 1e-8, 1e-6, 1e-4).
+
+    :func:`gpext.utils.safe_cholesky` with a zero first jitter, then ``jitter`` times the mean
+    diagonal (one retry), or, by default, 1e-8, 1e-6 and 1e-4 times it (each retry warns).
+    """
+    return safe_cholesky(
+        a,
+        name=f"solve_perturbed_map: the {what} matrix",
+        max_tries=1 if jitter is not None else 3,
+        growth=100.0,
+        relative_floor=1e-8 if jitter is None else float(jitter),
+        hint="Use float64, fewer features or a larger noise.",
     )
 
 

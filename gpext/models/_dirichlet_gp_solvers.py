@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpext.errors import NumericalError
+from gpext.utils import safe_cholesky
 
 __all__: list[str] = []
 
@@ -38,13 +38,13 @@ class NoiseValues:
 
 
 def _chol(mat: torch.Tensor, what: str) -> torch.Tensor:
-    chol, info = torch.linalg.cholesky_ex(mat)
-    if bool((info > 0).any()):
-        raise NumericalError(
-            f"DirichletGPClassifier: Cholesky factorisation of {what} failed (matrix not positive "
-            "definite). Increase jitter or use float64."
-        )
-    return chol
+    """Cholesky factor without a jitter fallback (:func:`gpext.utils.safe_cholesky`)."""
+    return safe_cholesky(
+        mat,
+        name=f"DirichletGPClassifier: {what}",
+        max_tries=0,
+        hint="Increase jitter or use float64.",
+    )
 
 
 def _inverse_from_chol(chol: torch.Tensor) -> torch.Tensor:

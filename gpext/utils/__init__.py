@@ -1,5 +1,6 @@
-"""Small shared helpers: progress bars and input validation."""
+"""Small shared helpers: progress bars, input validation and guarded linear algebra."""
 
+from gpext.utils.linalg import safe_cholesky
 from gpext.utils.progress import progress_bar, progress_enabled
 from gpext.utils.validation import (
     as_float_tensor,
@@ -19,4 +20,5 @@ __all__ = [
     "check_shape",
     "progress_bar",
     "progress_enabled",
+    "safe_cholesky",
 ]

@@ -6,7 +6,7 @@
   :class:`WassersteinNetworkMean`: generalized variational inference with a Wasserstein-2
   divergence between Gaussian measures (003 section 2), with the estimator
   :func:`wasserstein2_estimate`, the closed form :func:`gaussian_wasserstein2`, and
-  :func:`safe_cholesky`.
+  :func:`safe_cholesky` (re-exported from :mod:`gpext.utils`).
 """
 
 from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP

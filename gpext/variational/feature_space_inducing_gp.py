@@ -11,8 +11,8 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 from torch import nn
 
-from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError, expected_got
-from gpext.utils import check_finite, check_positive_int
+from gpext.errors import InputDataError, NumericalWarning, ShapeError, expected_got
+from gpext.utils import check_finite, check_positive_int, safe_cholesky
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -21,26 +21,19 @@ __all__ = ["FeatureSpaceInducingGP"]
 
 
 def _safe_cholesky(matrix: torch.Tensor, jitter: float, what: str) -> torch.Tensor:
-    """Cholesky factor of ``matrix + jitter I``; retries with 10x / 100x / 1000x the jitter.
+    """Cholesky factor of ``matrix + jitter I`` with up to three escalations of the jitter.
 
-    Each retry issues a :class:`~gpext.errors.NumericalWarning`; if all fail a
-    :class:`~gpext.errors.NumericalError` is raised.  ``matrix`` has shape ``(*batch, n, n)``.
+    :func:`gpext.utils.safe_cholesky` (x10 per retry, at least a dtype-relative floor of the
+    mean diagonal, so a zero ``jitter`` escalates too; a
+    :class:`~gpext.errors.NumericalWarning` per retry, :class:`~gpext.errors.NumericalError`
+    when all fail).  ``matrix`` has shape ``(*batch, n, n)``.
     """
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    for attempt in range(4):
-        cur = jitter * 10.0**attempt
-        chol, info = torch.linalg.cholesky_ex(matrix + cur * eye)
-        if not bool((info > 0).any()):
-            if attempt:
-                warnings.warn(
-                    f"{what}: Cholesky needed jitter {cur:.1e} (asked for {jitter:.1e}).",
-                    NumericalWarning,
-                    stacklevel=3,
-                )
-            return chol
-    raise NumericalError(
-        f"{what}: the matrix is not positive definite even with jitter {cur:.1e}. "
-        "Check for NaN features or use a float64 model."
+    return safe_cholesky(
+        matrix,
+        jitter=jitter,
+        name=what,
+        max_tries=3,
+        hint="Check for NaN features or use a float64 model.",
     )
 
 

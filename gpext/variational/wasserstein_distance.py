@@ -14,71 +14,12 @@ For Gaussian measures :math:`\mathbb P = \mathcal N(m_P, C_P)` and
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from gpext.errors import NumericalError, NumericalWarning, ShapeError, expected_got
-from gpext.utils import check_finite
+from gpext.errors import ShapeError, expected_got
+from gpext.utils import check_finite, safe_cholesky
 
 __all__ = ["gaussian_wasserstein2", "safe_cholesky", "wasserstein2_estimate"]
-
-
-def safe_cholesky(
-    matrix: torch.Tensor, *, jitter: float, name: str = "matrix", max_tries: int = 5
-) -> torch.Tensor:
-    """Cholesky factor of a symmetric PSD matrix with a jitter fallback.
-
-    ``jitter`` is added to the diagonal first.  If the factorisation fails, the jitter is
-    multiplied by 10 up to ``max_tries`` times, each retry issuing a
-    :class:`~gpext.errors.NumericalWarning`.
-
-    Args:
-        matrix: Symmetric matrix. # shape: (*batch, M, M)
-        jitter: Initial diagonal jitter (absolute, >= 0).
-        name: Name used in warnings and errors.
-        max_tries: Number of jitter increases before giving up.
-
-    Returns:
-        Lower triangular ``L`` with ``L L^T = matrix + jitter I``. # shape: (*batch, M, M)
-
-    Raises:
-        NumericalError: If the matrix has non-finite entries or is not PSD even with the
-            largest jitter.
-
-    Example:
-        >>> L = safe_cholesky(torch.eye(3, dtype=torch.float64), jitter=0.0)
-    """
-    if not bool(torch.isfinite(matrix).all()):
-        raise NumericalError(
-            expected_got(
-                name, "a finite Gram matrix", "NaN or infinite entries", "Check the kernel."
-            )
-        )
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    jit = float(jitter)
-    scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1e-12).item()
-    for attempt in range(max_tries + 1):
-        chol, info = torch.linalg.cholesky_ex(matrix + jit * eye)
-        if not bool(info.any()):
-            return chol
-        new = max(jit * 10.0, 1e-8 * scale if matrix.dtype == torch.float64 else 1e-6 * scale)
-        if attempt < max_tries:
-            warnings.warn(
-                f"{name} is not positive definite with the requested jitter; retrying with a "
-                "10x larger diagonal jitter.",
-                NumericalWarning,
-                stacklevel=2,
-            )
-        jit = new
-    raise NumericalError(
-        expected_got(
-            name,
-            "a positive semi-definite Gram matrix",
-            f"a matrix whose Cholesky factorisation failed with jitter up to {jit / 10:.1e}",
-            "Check the kernel hyperparameters, use float64, or increase the jitter.",
-        )
-    )
 
 
 def _psd_sqrt(mat: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""Numerically guarded dense linear algebra shared by the models."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from gpext.errors import NumericalError, NumericalWarning, expected_got
+
+__all__ = ["safe_cholesky"]
+
+#: Smallest retry jitter relative to the mean absolute diagonal, per dtype (float64, other).
+_RELATIVE_FLOOR = {torch.float64: 1e-8}
+_RELATIVE_FLOOR_DEFAULT = 1e-6
+
+
+def safe_cholesky(
+    matrix: torch.Tensor,
+    *,
+    jitter: float = 0.0,
+    name: str = "matrix",
+    max_tries: int = 5,
+    growth: float = 10.0,
+    relative_floor: float | None = None,
+    hint: str = "Check the kernel hyperparameters, use float64, or increase the jitter.",
+) -> torch.Tensor:
+    r"""Cholesky factor of a symmetric PSD matrix with an escalating diagonal jitter.
+
+    Returns the lower triangular :math:`L` with
+
+    .. math::
+
+        L L^\top = A + \epsilon_k I, \qquad \epsilon_0 = \texttt{jitter}, \quad
+        \epsilon_{k+1} = \max\big(g\,\epsilon_k,\; \rho\, \bar a\big),
+
+    for the first :math:`k \le` ``max_tries`` at which the factorisation succeeds, where
+    :math:`g` is ``growth``, :math:`\bar a` the mean absolute diagonal of :math:`A` and
+    :math:`\rho` the ``relative_floor`` (default ``1e-8`` in float64, ``1e-6`` otherwise), so
+    that a zero starting jitter still escalates on the matrix's own scale.  Every retry issues
+    a :class:`~gpext.errors.NumericalWarning` whose text depends only on ``name`` (so a warning
+    raised in every step of a training loop is shown once); the jitter reached is in the error
+    when all tries fail.  ``max_tries=0`` disables the fallback.
+
+    Args:
+        matrix: Symmetric matrix. # shape: (*batch, M, M)
+        jitter: Initial absolute diagonal jitter (``>= 0``).
+        name: What the matrix is, used in warnings and errors.
+        max_tries: Number of jitter increases before giving up.
+        growth: Factor of each increase (``> 1``).
+        relative_floor: :math:`\rho` above (default by dtype).
+        hint: How to fix a failure, appended to the error.
+
+    Returns:
+        ``L`` with ``L L^T = matrix + eps I``. # shape: (*batch, M, M)
+
+    Raises:
+        NumericalError: If ``matrix`` has non-finite entries, or is not positive definite even
+            with the largest jitter tried.
+
+    Example:
+        >>> L = safe_cholesky(torch.eye(3, dtype=torch.float64))
+        >>> bool(torch.equal(L, torch.eye(3, dtype=torch.float64)))
+        True
+    """
+    if not bool(torch.isfinite(matrix).all()):
+        raise NumericalError(
+            expected_got(
+                name, "a finite matrix", "NaN or infinite entries", "Check the kernel or inputs."
+            )
+        )
+    floor = relative_floor
+    if floor is None:
+        floor = _RELATIVE_FLOOR.get(matrix.dtype, _RELATIVE_FLOOR_DEFAULT)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    scale = float(matrix.detach().diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1e-12))
+    jit = float(jitter)
+    for attempt in range(max_tries + 1):
+        chol, info = torch.linalg.cholesky_ex(matrix + jit * eye if jit else matrix)
+        if not bool((info > 0).any()):
+            return chol
+        if attempt == max_tries:
+            break
+        new = max(jit * growth, floor * scale)
+        # one text per matrix name (no numbers), so that Python shows a warning raised at every
+        # step of a training loop once instead of flooding the log
+        warnings.warn(
+            f"{name} is not positive definite with the requested diagonal jitter; retrying with "
+            f"a {growth:g}x larger one (at least {floor:.0e} of the mean diagonal).",
+            NumericalWarning,
+            stacklevel=2,
+        )
+        jit = new
+    raise NumericalError(
+        expected_got(
+            name,
+            "a positive semi-definite matrix",
+            f"a matrix that is not positive definite: its Cholesky factorisation failed with "
+            f"diagonal jitter up to {jit:.1e}",
+            hint,
+        )
+    )
