@@ -73,7 +73,6 @@ def safe_cholesky(
     if floor is None:
         floor = _RELATIVE_FLOOR.get(matrix.dtype, _RELATIVE_FLOOR_DEFAULT)
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    scale = float(matrix.detach().diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1e-12))
     jit = float(jitter)
     for attempt in range(max_tries + 1):
         chol, info = torch.linalg.cholesky_ex(matrix + jit * eye if jit else matrix)
@@ -81,6 +80,8 @@ def safe_cholesky(
             return chol
         if attempt == max_tries:
             break
+        # the scale is only needed (and synchronised) once a factorisation has failed
+        scale = float(matrix.detach().diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1e-12))
         new = max(jit * growth, floor * scale)
         # one text per matrix name (no numbers), so that Python shows a warning raised at every
         # step of a training loop once instead of flooding the log
