@@ -6,7 +6,13 @@ import warnings
 
 import torch
 
-from gpext.errors import NumericalError, NumericalWarning, expected_got
+from gpext.errors import (
+    InputDataError,
+    NumericalError,
+    NumericalWarning,
+    ShapeError,
+    expected_got,
+)
 
 __all__ = ["safe_cholesky"]
 
@@ -55,6 +61,9 @@ def safe_cholesky(
         ``L`` with ``L L^T = matrix + eps I``. # shape: (*batch, M, M)
 
     Raises:
+        InputDataError: If ``jitter``, ``growth``, ``max_tries`` or ``relative_floor`` is out of
+            range.
+        ShapeError: If ``matrix`` is not square.
         NumericalError: If ``matrix`` has non-finite entries, or is not positive definite even
             with the largest jitter tried.
 
@@ -63,6 +72,20 @@ def safe_cholesky(
         >>> bool(torch.equal(L, torch.eye(3, dtype=torch.float64)))
         True
     """
+    if not (jitter >= 0 and growth > 1 and max_tries >= 0) or (
+        relative_floor is not None and not relative_floor >= 0
+    ):
+        raise InputDataError(
+            expected_got(
+                "safe_cholesky(jitter, growth, max_tries, relative_floor)",
+                "jitter >= 0, growth > 1, max_tries >= 0 and relative_floor >= 0 (or None)",
+                (jitter, growth, max_tries, relative_floor),
+            )
+        )
+    if matrix.dim() < 2 or matrix.shape[-1] != matrix.shape[-2]:
+        raise ShapeError(
+            expected_got(name, "a square matrix of shape (*batch, M, M)", tuple(matrix.shape))
+        )
     if not bool(torch.isfinite(matrix).all()):
         raise NumericalError(
             expected_got(

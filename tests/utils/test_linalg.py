@@ -10,7 +10,7 @@ import scipy.linalg
 import torch
 
 from gpext.bootstrap.perturbed_map import _cholesky as perturbed_map_cholesky
-from gpext.errors import NumericalError, NumericalWarning
+from gpext.errors import InputDataError, NumericalError, NumericalWarning, ShapeError
 from gpext.models._dirichlet_gp_solvers import _chol as dirichlet_chol
 from gpext.utils import safe_cholesky
 from gpext.variational import safe_cholesky as variational_safe_cholesky
@@ -90,6 +90,18 @@ class TestSafeCholesky:
         a[1, 2] = a[2, 1] = bad
         with pytest.raises(NumericalError, match="finite"):
             safe_cholesky(a)
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [{"jitter": -1.0}, {"growth": 1.0}, {"max_tries": -1}, {"relative_floor": -1e-8}],
+    )
+    def test_bad_settings_raise(self, kwargs):
+        with pytest.raises(InputDataError, match="safe_cholesky"):
+            safe_cholesky(torch.eye(2, dtype=torch.float64), **kwargs)
+
+    def test_non_square_raises(self):
+        with pytest.raises(ShapeError, match="square"):
+            safe_cholesky(torch.ones(2, 3, dtype=torch.float64), name="K")
 
     def test_gradient_flows(self):
         a = _spd(4).requires_grad_(True)
