@@ -95,10 +95,15 @@ def safe_cholesky(
     floor = relative_floor
     if floor is None:
         floor = _RELATIVE_FLOOR.get(matrix.dtype, _RELATIVE_FLOOR_DEFAULT)
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     jit = float(jitter)
     for attempt in range(max_tries + 1):
-        chol, info = torch.linalg.cholesky_ex(matrix + jit * eye if jit else matrix)
+        # no identity is built on the common path (zero jitter, first try succeeds)
+        shifted = (
+            matrix.diagonal_scatter(matrix.diagonal(dim1=-2, dim2=-1) + jit, dim1=-2, dim2=-1)
+            if jit
+            else matrix
+        )
+        chol, info = torch.linalg.cholesky_ex(shifted)
         if not bool((info > 0).any()):
             return chol
         if attempt == max_tries:
