@@ -20,10 +20,16 @@ __all__ = [
     "DatasetNotFoundError",
     "DataFormatError",
     "NumericalError",
+    "FitError",
     "MissingExtraError",
     "GpextWarning",
     "NumericalWarning",
     "DataWarning",
+    "FitWarning",
+    "VarianceCollapseWarning",
+    "ConstantPredictionWarning",
+    "OptimizerStallWarning",
+    "ConvergenceWarning",
     "expected_got",
 ]
 
@@ -60,6 +66,19 @@ class NumericalError(GpextError, RuntimeError):
     """A numerical procedure failed (non-PSD matrix, failed factorisation, NaN result)."""
 
 
+class FitError(NumericalError):
+    """A fit produced a non-finite loss or non-finite parameters.
+
+    The fitting engine (:mod:`gpext.fit`) restores the last finite state of the model before
+    raising, so the model is usable (and inspectable) afterwards.  ``result`` holds the
+    :class:`gpext.fit.FitResult` of the fit up to the failure (``None`` if there is none).
+    """
+
+    def __init__(self, message: str, result: object | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 class MissingExtraError(GpextError, ImportError):
     """An optional dependency of gpext (an extra such as ``gpext[botorch]``) is not installed."""
 
@@ -74,6 +93,35 @@ class NumericalWarning(GpextWarning, RuntimeWarning):
 
 class DataWarning(GpextWarning):
     """Something about the data looks suspicious but was handled."""
+
+
+class FitWarning(GpextWarning):
+    """A fit finished but its result is doubtful (base class of the fit diagnostics)."""
+
+
+class VarianceCollapseWarning(FitWarning):
+    """The signal variance collapsed into the noise: the model explains (almost) nothing.
+
+    Raised when a fitted signal-to-noise ratio is tiny (an exact GP with outputscale ~1e-8 and
+    all variance in the noise) or when a model's predictive mean explains only a small share of
+    the training targets' variance while the learned noise holds the rest.
+    """
+
+
+class ConstantPredictionWarning(FitWarning):
+    """A fitted model predicts (nearly) the same value at every training input."""
+
+
+class OptimizerStallWarning(FitWarning):
+    """The loss stopped improving because the optimiser could not take a step.
+
+    For instance every trial point of a line search failed (a Cholesky factorisation or a
+    non-finite loss) while the gradient was still large, or no parameter received a gradient.
+    """
+
+
+class ConvergenceWarning(FitWarning):
+    """The optimiser used its whole budget while the loss was still clearly improving."""
 
 
 def expected_got(what: str, expected: str, got: object, fix: str | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -19,8 +18,9 @@ from gpext.bootstrap._targets import (
 from gpext.bootstrap.ensemble_mlp import EnsembleMLP
 from gpext.bootstrap.rbf_hyperparameters import fit_rbf_hyperparameters
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
+from gpext.fit import FitResult, train_loop
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
-from gpext.utils import check_positive_int, progress_bar
+from gpext.utils import check_positive_int
 
 __all__ = ["VBootMLP"]
 
@@ -205,7 +205,7 @@ class VBootMLP(torch.nn.Module):
         lr: float = 0.1,
         cosine_decay: bool = True,
         show_progress: bool | None = None,
-    ) -> VBootMLP:
+    ) -> FitResult:
         """Train the particles (all, or the subset ``particle_indices``) together.
 
         The learning rate is large by the usual standard of Adam (``1e-3``) on purpose.  Adam
@@ -232,9 +232,11 @@ class VBootMLP(torch.nn.Module):
             show_progress: Progress bar over epochs.
 
         Returns:
-            ``self``.
+            The :class:`~gpext.fit.FitResult` of :func:`gpext.fit.train_loop` (``losses``: the
+            mean minibatch data term per epoch, summed over particles).
 
         Raises:
+            FitError: On a non-finite loss or parameter (the last finite state is restored).
             InputDataError: On bad indices, labels or values.
             ShapeError: If ``x`` and ``y`` disagree.
         """
@@ -283,10 +285,9 @@ class VBootMLP(torch.nn.Module):
         ).to(x)
         y_pert = (targets - offset) + eps * noise.sqrt()  # shape: (K, N, C)
         del eps
-        self._train(
+        return self._train(
             x, y_pert, prec, anchors, num_epochs, batch_size, lr, cosine_decay, show_progress
         )
-        return self
 
     def _train(
         self,
@@ -299,7 +300,7 @@ class VBootMLP(torch.nn.Module):
         lr: float,
         cosine_decay: bool,
         show_progress: bool | None,
-    ) -> None:
+    ) -> FitResult:
         r"""Minibatch Adam on the stacked objective; one batched step serves all particles.
 
         Per step: one forward and one backward pass through the stacked network (batched
@@ -310,23 +311,20 @@ class VBootMLP(torch.nn.Module):
         n = x.shape[0]
         params = self.net.stacked_parameters()
         opt = torch.optim.Adam(params, lr=lr, **_adam_kernel(params[0]))
-        total_steps = num_epochs * (n // batch_size)
         data_gen = torch.Generator().manual_seed(self.seed)
-        step = 0
-        self.net.train()
-        for _ in progress_bar(range(num_epochs), desc="vboot mlp", show=show_progress):
+
+        def batches(_epoch):  # full minibatches only: each step sees B points
             perm = torch.randperm(n, generator=data_gen).to(x.device)
-            for start in range(0, n - batch_size + 1, batch_size):
-                idx = perm[start : start + batch_size]
-                opt.zero_grad(set_to_none=True)
-                self._step_gradients(x[idx], y_pert[:, idx], prec[idx], anchors, n)
-                if cosine_decay:
-                    opt.param_groups[0]["lr"] = (
-                        0.5 * lr * (1 + math.cos(math.pi * step / total_steps))
-                    )
-                opt.step()
-                step += 1
+            return [perm[s : s + batch_size] for s in range(0, n - batch_size + 1, batch_size)]
+
+        result = train_loop(
+            lambda idx: self._step_gradients(x[idx], y_pert[:, idx], prec[idx], anchors, n),
+            opt, modules=[self.net], epochs=num_epochs, batches=batches,
+            lr_schedule="cosine" if cosine_decay else "constant",
+            show_progress=show_progress, desc="vboot mlp",
+        )  # fmt: skip
         self.net.eval()
+        return result
 
     def _step_gradients(
         self,
@@ -335,7 +333,7 @@ class VBootMLP(torch.nn.Module):
         prec: torch.Tensor,
         anchors: list[torch.Tensor],
         num_data: int,
-    ) -> None:
+    ) -> torch.Tensor:
         r"""Set the stacked gradients to those of the minibatch estimate of 001 Eq. (7) / N.
 
         For particle ``k`` and a batch :math:`\mathcal B` of size ``B``,
@@ -356,6 +354,9 @@ class VBootMLP(torch.nn.Module):
             prec: Noise precisions of the batch.  # shape: (B, C)
             anchors: Stacked anchors, order of :meth:`EnsembleMLP.stacked_parameters`.
             num_data: ``N``.
+
+        Returns:
+            The data term of the minibatch (detached; the gradients are already set).
         """
         f = self.net(x)  # shape: (K, B, C)
         loss = (y_pert - f).square().mul(prec).sum().div(2.0 * x.shape[0])
@@ -364,6 +365,7 @@ class VBootMLP(torch.nn.Module):
         with torch.no_grad():
             for p, a in zip(self.net.stacked_parameters(), anchors):
                 p.grad.add_(p - a, alpha=coef)
+        return loss.detach()
 
     @classmethod
     def merge(cls, models: Sequence[VBootMLP]) -> VBootMLP:

@@ -17,6 +17,7 @@ from gpext.bootstrap._targets import (
 from gpext.bootstrap.perturbed_map import solve_perturbed_map
 from gpext.bootstrap.rbf_hyperparameters import RBFHyperparameters, fit_rbf_hyperparameters
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.fit import FitResult, StopReason
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
 
@@ -68,7 +69,9 @@ class VBootRFF(torch.nn.Module):
             :class:`gpext.likelihoods.dirichlet_transform.DirichletTransform`.
         hyper_num_points: Subset size for the hyperparameter fit; with ``C > 2`` outputs it
             shrinks by ``(2 / C)^(1/3)`` so that the fit costs about as much as for two.
-        hyper_iters: L-BFGS iterations of the hyperparameter fit.
+        hyper_iters: L-BFGS iterations per start of the hyperparameter fit.
+        hyper_restarts: Starts of the hyperparameter fit (``None``: 4 on subsets of at most
+            500 points, else 2; see :func:`~gpext.bootstrap.fit_rbf_hyperparameters`).
         method: Solver of :func:`~gpext.bootstrap.solve_perturbed_map`.
         gram_memory: Bytes for cached group Gram matrices (see the solver).
 
@@ -94,7 +97,8 @@ class VBootRFF(torch.nn.Module):
         noise: float | torch.Tensor | None = None,
         alpha_epsilon: float = 0.01,
         hyper_num_points: int = 1000,
-        hyper_iters: int = 30,
+        hyper_iters: int = 100,
+        hyper_restarts: int | None = None,
         method: str = "auto",
         gram_memory: int = 2**30,
     ) -> None:
@@ -112,6 +116,7 @@ class VBootRFF(torch.nn.Module):
         self.alpha_epsilon = float(alpha_epsilon)
         self.hyper_num_points = hyper_num_points
         self.hyper_iters = hyper_iters
+        self.hyper_restarts = hyper_restarts
         self.method = method
         self.gram_memory = gram_memory
         self._given = {
@@ -176,7 +181,7 @@ class VBootRFF(torch.nn.Module):
             m = int(self.hyper_num_points * min(1.0, (2.0 / c) ** (1.0 / 3.0)))
             hp = fit_rbf_hyperparameters(
                 x, targets, noise, num_points=max(m, 50), num_iters=self.hyper_iters,
-                generator=generator,
+                num_restarts=self.hyper_restarts, generator=generator,
             )  # fmt: skip
         else:
             w = noise.reciprocal()
@@ -216,7 +221,7 @@ class VBootRFF(torch.nn.Module):
         *,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
-    ) -> VBootRFF:
+    ) -> FitResult:
         """Draw the frequencies, fit missing hyperparameters and solve for all particles.
 
         Args:
@@ -228,9 +233,12 @@ class VBootRFF(torch.nn.Module):
             show_progress: Progress bar over the outputs.
 
         Returns:
-            ``self``.
+            The :class:`~gpext.fit.FitResult` of the hyperparameter fit (also in
+            ``fit_result_``); when every hyperparameter is given, a result with no iterations
+            (the particles themselves are closed-form solves).
 
         Raises:
+            FitError: If the hyperparameter fit failed.
             ShapeError: If ``x`` and ``y`` disagree.
             InputDataError: On invalid values (NaNs, bad labels, non-positive noise).
             InputTypeError: On non-numeric inputs or non-integer labels.
@@ -283,7 +291,14 @@ class VBootRFF(torch.nn.Module):
                     show_progress=show_progress,
                 )  # fmt: skip
             )
-        return self
+        result = hp.fit_result
+        if result is None:
+            result = FitResult(
+                stop_reason=StopReason.CONVERGED,
+                message="hyperparameters given; the particles are closed-form solves",
+            )
+        self.fit_result_ = result
+        return result
 
     # ------------------------------------------------------------------ prediction
     def features(self, x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@
 * :class:`SetEncoder`: permutation-invariant Deep Sets encoder for variable-size sets.
 * :class:`HeteroscedasticMLP`: MLP regressor with a heteroscedastic Gaussian output.
 * :class:`ClassifierMLP`: MLP classifier (logits), optionally with batch norm.
+* :class:`SpectralNormalizedMLP`: bi-Lipschitz residual MLP (distance-aware features).
 """
 
 from gpext.nn.classifier_mlp import ClassifierMLP
@@ -12,5 +13,13 @@ from gpext.nn.heteroscedastic_mlp import HeteroscedasticMLP
 from gpext.nn.mlp import MLP
 from gpext.nn.set_encoder import SetEncoder
 from gpext.nn.small_cnn import SmallCNN
+from gpext.nn.spectral_normalized_mlp import SpectralNormalizedMLP
 
-__all__ = ["ClassifierMLP", "HeteroscedasticMLP", "MLP", "SetEncoder", "SmallCNN"]
+__all__ = [
+    "ClassifierMLP",
+    "HeteroscedasticMLP",
+    "MLP",
+    "SetEncoder",
+    "SmallCNN",
+    "SpectralNormalizedMLP",
+]

@@ -1,0 +1,62 @@
+"""One fitting engine for every gpext model.
+
+* :func:`train_loop`: the first-order loop (minibatches or full batch, learning-rate schedule,
+  validation early stopping that restores the best state, a stopping rule, callbacks, progress
+  bar, failure detection).
+* :func:`minimize_lbfgs`: L-BFGS whose line search treats a failed evaluation (a Cholesky
+  factorisation that fails, a non-finite loss) as a rejected trial point.
+* :func:`fit_exact_gp` with :func:`build_exact_gp`: MAP hyperparameters of exact GPs with
+  dimension-scaled default priors, several starts and an Adam fallback.
+* :class:`FitResult`: what every fit returns (loss trace, stop reason, final gradient norm,
+  restarts, problems found).
+* Degenerate-fit checks that issue named warnings: :func:`check_signal_to_noise`,
+  :func:`check_predictions_vary`, :func:`check_explained_variance`.
+"""
+
+from gpext.errors import (
+    ConstantPredictionWarning,
+    ConvergenceWarning,
+    FitError,
+    FitWarning,
+    OptimizerStallWarning,
+    VarianceCollapseWarning,
+)
+from gpext.fit.diagnostics import (
+    check_explained_variance,
+    check_predictions_vary,
+    check_signal_to_noise,
+)
+from gpext.fit.exact_gp import (
+    MultiOutputExactGP,
+    build_exact_gp,
+    diagnose_exact_gp,
+    fit_exact_gp,
+    lengthscale_prior,
+)
+from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
+from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
+from gpext.fit.train_loop import minibatch_indices, train_loop
+
+__all__ = [
+    "EVALUATION_ERRORS",
+    "ConstantPredictionWarning",
+    "ConvergenceWarning",
+    "FitError",
+    "FitResult",
+    "FitWarning",
+    "MultiOutputExactGP",
+    "OptimizerStallWarning",
+    "RestartRecord",
+    "StopReason",
+    "VarianceCollapseWarning",
+    "build_exact_gp",
+    "check_explained_variance",
+    "check_predictions_vary",
+    "check_signal_to_noise",
+    "diagnose_exact_gp",
+    "fit_exact_gp",
+    "lengthscale_prior",
+    "minibatch_indices",
+    "minimize_lbfgs",
+    "train_loop",
+]

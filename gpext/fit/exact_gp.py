@@ -1,0 +1,355 @@
+r"""One exact-GP hyperparameter fit for every gpext model that needs one.
+
+MAP estimation of the hyperparameters of an exact GP under default priors that scale with the
+input dimension (in the spirit of BoTorch's ``SingleTaskGP`` defaults, after Hvarfner et al.
+2024), from several starts (the default initial values, then draws from the priors), each by
+:func:`gpext.fit.minimize_lbfgs` (failed factorisations are rejected trial points), with an
+Adam fallback when every start fails.  The fitted model is checked for a collapsed signal
+variance and for constant predictions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+
+import gpytorch
+import torch
+from gpytorch.priors import LogNormalPrior
+
+from gpext.errors import FitError, InputDataError, NumericalWarning, ShapeError, expected_got
+from gpext.fit.diagnostics import check_predictions_vary, check_signal_to_noise
+from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
+from gpext.fit.lbfgs import minimize_lbfgs
+from gpext.fit.train_loop import train_loop
+from gpext.utils import check_finite, check_positive_int
+
+__all__ = [
+    "MultiOutputExactGP",
+    "build_exact_gp",
+    "diagnose_exact_gp",
+    "fit_exact_gp",
+    "lengthscale_prior",
+]
+
+KERNELS = ("rbf", "matern12", "matern32", "matern52")
+
+
+def lengthscale_prior(x: torch.Tensor, ard: bool = True) -> LogNormalPrior:
+    r"""Dimension-scaled log-normal lengthscale prior, relative to the spread of each input.
+
+    .. math::
+        \log \ell_j \sim \mathcal N\big(\sqrt 2 + \tfrac12 \log D + \log w_j,\ 3\big),
+
+    where :math:`w_j = \sqrt{12}\,\operatorname{sd}(x_{\cdot j})` is the width of a uniform
+    variable with the spread of input :math:`j` (1 on the unit cube, where this is BoTorch's
+    default prior) and :math:`D` the input dimension.
+
+    Args:
+        x: Training inputs.  # shape: (N, D)
+        ard: One lengthscale per input (``False``: one shared, with the mean width).
+
+    Returns:
+        A :class:`gpytorch.priors.LogNormalPrior` with batch shape ``(1, D)`` (or ``()``).
+    """
+    d = x.shape[-1]
+    width = (x.std(0) * math.sqrt(12.0)) if x.shape[0] > 1 else torch.ones(d, dtype=x.dtype)
+    width = torch.where(width > 0, width, torch.ones_like(width)).to(x)
+    loc = math.sqrt(2.0) + 0.5 * math.log(d) + width.log()
+    if not ard:
+        loc = loc.mean()
+    else:
+        loc = loc.reshape(1, d)
+    return LogNormalPrior(loc, torch.full_like(torch.as_tensor(loc), math.sqrt(3.0)))
+
+
+class MultiOutputExactGP(gpytorch.models.ExactGP):
+    """``C`` exact GPs with one shared kernel and one constant mean per output.
+
+    Args:
+        x: Training inputs.  # shape: (N, D)
+        y: Training targets.  # shape: (C, N) (a batch of outputs) or (N,)
+        likelihood: A Gaussian likelihood (batch shape ``()`` or ``(C,)``).
+        covar_module: The shared kernel.
+    """
+
+    def __init__(self, x, y, likelihood, covar_module):
+        batch = y.shape[:-1]
+        xs = x.expand(*batch, *x.shape) if len(batch) else x
+        super().__init__(xs, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch)
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        """The prior at ``x``."""
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def build_exact_gp(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    noise: torch.Tensor | None = None,
+    kernel: str | gpytorch.kernels.Kernel = "rbf",
+    ard: bool = True,
+    priors: bool = True,
+    shared_noise: bool = True,
+) -> MultiOutputExactGP:
+    r"""An exact GP for ``C`` outputs with a shared scaled kernel, default priors and inits.
+
+    The model is :math:`y_c = m_c + f(x) + \varepsilon`, :math:`f \sim \mathcal{GP}(0, s\,k_\ell)`.
+    With ``priors=True`` it carries (all relative to the targets' variance :math:`v`, the mean
+    over outputs): the lengthscale prior of :func:`lengthscale_prior`;
+    :math:`\log s \sim \mathcal N(\log v, 1)`; for a learned noise
+    :math:`\log\sigma^2 \sim \mathcal N(\log v - 4, 1)` with :math:`\sigma^2 \ge 10^{-6} v`
+    (BoTorch's noise prior on standardised targets).  Initial values: the prior medians of the
+    lengthscale and outputscale, noise :math:`v/100`, the output means.
+
+    Args:
+        x: Training inputs.  # shape: (N, D)
+        y: Targets.  # shape: (N,) or (N, C)
+        noise: Fixed per-point noise variances with the shape of ``y`` (``None``: learned,
+            homoscedastic).
+        kernel: ``"rbf"``, ``"matern12"``, ``"matern32"``, ``"matern52"`` or a kernel instance
+            (used as given; it is not wrapped or given priors).
+        ard: One lengthscale per input.
+        priors: Attach the default priors.
+        shared_noise: One learned noise for all outputs (``False``: one per output).
+
+    Returns:
+        The model (its likelihood is ``model.likelihood``), on ``x``'s device and dtype.
+
+    Raises:
+        ShapeError: If shapes disagree.
+        InputDataError: For an unknown kernel name or non-finite data.
+    """
+    if x.dim() != 2 or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
+        raise ShapeError(
+            expected_got("build_exact_gp(x, y)", "x (N, D) and y (N,) or (N, C)",
+                         f"{tuple(x.shape)}, {tuple(y.shape)}")
+        )  # fmt: skip
+    check_finite(x, "build_exact_gp.x")
+    check_finite(y, "build_exact_gp.y")
+    n, d = x.shape
+    y2 = y.unsqueeze(-1) if y.dim() == 1 else y
+    c = y2.shape[1]
+    targets = y2.T.contiguous() if y.dim() == 2 else y
+    batch = torch.Size([c]) if y.dim() == 2 else torch.Size([])
+    v = float(y2.var(0).mean()) if n > 1 else 1.0
+    v = v if v > 0 and math.isfinite(v) else 1.0
+    if isinstance(kernel, gpytorch.kernels.Kernel):
+        covar = kernel
+    else:
+        if kernel not in KERNELS:
+            raise InputDataError(expected_got("build_exact_gp.kernel", f"one of {KERNELS}",
+                                              repr(kernel)))  # fmt: skip
+        lp = lengthscale_prior(x, ard) if priors else None
+        dims = d if ard else None
+        if kernel == "rbf":
+            base = gpytorch.kernels.RBFKernel(ard_num_dims=dims, lengthscale_prior=lp)
+        else:
+            nu = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}[kernel]
+            base = gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=dims, lengthscale_prior=lp)
+        sp = LogNormalPrior(torch.tensor(math.log(v)), torch.tensor(1.0)) if priors else None
+        covar = gpytorch.kernels.ScaleKernel(base, outputscale_prior=sp)
+        with torch.no_grad():
+            if lp is not None:
+                base.lengthscale = lp.loc.exp().expand_as(base.lengthscale).to(x)
+            else:
+                base.lengthscale = torch.full_like(base.lengthscale, math.sqrt(d))
+            covar.outputscale = v
+    if noise is None:
+        np_prior = (
+            LogNormalPrior(torch.tensor(math.log(v) - 4.0), torch.tensor(1.0)) if priors else None
+        )
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(
+            batch_shape=torch.Size([]) if shared_noise else batch,
+            noise_prior=np_prior,
+            noise_constraint=gpytorch.constraints.GreaterThan(1e-6 * v),
+        )
+        with torch.no_grad():
+            likelihood.noise = 0.01 * v
+    else:
+        noise2 = noise.unsqueeze(-1) if noise.dim() == 1 else noise
+        if noise2.shape != y2.shape:
+            raise ShapeError(expected_got("build_exact_gp.noise", f"shape {tuple(y.shape)}",
+                                          tuple(noise.shape)))  # fmt: skip
+        check_finite(noise2, "build_exact_gp.noise")
+        fixed = noise2.T.contiguous() if y.dim() == 2 else noise2.reshape(-1)
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(
+            noise=fixed, learn_additional_noise=False
+        )
+    model = MultiOutputExactGP(x, targets, likelihood, covar).to(x)
+    with torch.no_grad():
+        model.mean_module.constant.copy_(targets.mean(-1))
+    return model
+
+
+def _map_loss(model: gpytorch.models.ExactGP) -> torch.Tensor:
+    """Negative log posterior of the hyperparameters per target value."""
+    x = model.train_inputs[0]
+    y = model.train_targets
+    out = model.likelihood(model(x))
+    total = out.log_prob(y).sum()
+    for _, module, prior, closure, _ in model.named_priors():
+        total = total + prior.log_prob(closure(module)).sum()
+    return -total / y.numel()
+
+
+def _sample_priors(model: gpytorch.Module, generator: torch.Generator) -> bool:
+    """Set every parameter with a prior to a draw from it; ``False`` if a draw was invalid."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for _, module, prior, closure, setting in model.named_priors():
+            current = closure(module)
+            if tuple(prior.batch_shape) == tuple(current.shape):
+                value = prior.sample()
+            else:
+                value = prior.sample(current.shape)
+            value = value.reshape(current.shape).to(current)
+            try:
+                setting(module, value)
+            except (RuntimeError, ValueError):
+                return False
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def fit_exact_gp(
+    model: gpytorch.models.ExactGP,
+    *,
+    num_restarts: int = 4,
+    max_iter: int = 200,
+    fallback_iters: int = 300,
+    fallback_lr: float = 0.05,
+    generator: torch.Generator | None = None,
+    check: bool = True,
+    name: str | None = None,
+    show_progress: bool | None = None,
+) -> FitResult:
+    r"""MAP fit of an exact GP's hyperparameters from several starts.
+
+    Minimises the negative log posterior per target value,
+
+    .. math::
+        -\frac{1}{N C}\Big(\sum_c \log\mathcal N(\mathbf y_c;\ m_c\mathbf 1,\ K_c + \Sigma_c)
+        + \sum_i \log p(\theta_i)\Big),
+
+    (the priors :math:`p(\theta_i)` registered on the model, once each) by
+    :func:`~gpext.fit.minimize_lbfgs` from the model's current values and from
+    ``num_restarts - 1`` draws from the priors, keeping the best start.  When no start can
+    be evaluated, ``fallback_iters`` Adam steps from the initial values are taken instead
+    (with a :class:`~gpext.errors.NumericalWarning`).  Afterwards (``check=True``) the fit is
+    checked for a collapsed signal variance (:func:`~gpext.fit.check_signal_to_noise`) and
+    constant training predictions (:func:`~gpext.fit.check_predictions_vary`).
+
+    Args:
+        model: An exact GP with a Gaussian likelihood in ``model.likelihood`` (e.g. from
+            :func:`build_exact_gp`); fitted in place and left in eval mode.
+        num_restarts: Number of starts (the first from the current values).
+        max_iter: L-BFGS iterations per start.
+        fallback_iters: Adam steps of the fallback.
+        fallback_lr: Adam learning rate of the fallback.
+        generator: Random generator of the prior draws.
+        check: Run the degenerate-fit checks.
+        name: Name used in messages (default the model's class name).
+        show_progress: Progress bar.
+
+    Returns:
+        The :class:`~gpext.fit.FitResult` of the best start, with one
+        :class:`~gpext.fit.RestartRecord` per start in ``restarts``.
+
+    Raises:
+        FitError: If the fallback fails too (the initial values are restored).
+
+    Example:
+        >>> x = torch.rand(30, 2, dtype=torch.float64)
+        >>> model = build_exact_gp(x, torch.sin(6 * x[:, 0]))
+        >>> res = fit_exact_gp(model, num_restarts=2)
+        >>> res.stop_reason.value
+        'converged'
+    """
+    num_restarts = check_positive_int(num_restarts, "fit_exact_gp.num_restarts")
+    name = name or type(model).__name__
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    initial = copy.deepcopy(model.state_dict())
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    records: list[RestartRecord] = []
+    best: tuple[float, dict, FitResult] | None = None
+    evaluations = 0
+    with gpytorch.settings.max_cholesky_size(10**5), warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        for r in range(num_restarts):
+            model.load_state_dict(initial)
+            if r > 0 and not _sample_priors(model, generator):
+                records.append(RestartRecord(math.inf, StopReason.FAILED, 0, "invalid prior draw"))
+                continue
+            try:
+                res = minimize_lbfgs(
+                    lambda: _map_loss(model), params, max_iter=max_iter, warn_on_stall=False,
+                    show_progress=show_progress, desc=f"{name} start {r}",
+                )  # fmt: skip
+            except FitError as err:
+                records.append(RestartRecord(math.inf, StopReason.FAILED, 0, str(err)))
+                continue
+            evaluations += res.num_evaluations
+            records.append(
+                RestartRecord(res.final_loss, res.stop_reason, res.num_evaluations, res.message)
+            )
+            if best is None or res.final_loss < best[0]:
+                best = (res.final_loss, copy.deepcopy(model.state_dict()), res)
+    if best is None:
+        warnings.warn(
+            f"{name}: every L-BFGS start failed (last: {records[-1].message}); falling back "
+            f"to {fallback_iters} Adam steps from the initial values.",
+            NumericalWarning,
+            stacklevel=2,
+        )
+        model.load_state_dict(initial)
+        opt = torch.optim.Adam(params, lr=fallback_lr)
+        try:
+            with gpytorch.settings.max_cholesky_size(10**5):
+                res = train_loop(lambda: _map_loss(model), opt, modules=[model],
+                                 epochs=fallback_iters, desc=f"{name} (Adam fallback)")  # fmt: skip
+        except FitError:
+            model.load_state_dict(initial)
+            model.eval()
+            raise
+        res.add_problem(NumericalWarning.__name__)
+        best = (res.final_loss, copy.deepcopy(model.state_dict()), res)
+        records.append(RestartRecord(res.final_loss, res.stop_reason, res.num_evaluations,
+                                     "Adam fallback"))  # fmt: skip
+        evaluations += res.num_evaluations
+    model.load_state_dict(best[1])
+    result = best[2]
+    result.restarts = records
+    result.num_evaluations = evaluations
+    model.eval()
+    if check:
+        diagnose_exact_gp(model, result, name=name, stacklevel=3)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def diagnose_exact_gp(model, result: FitResult, *, name: str, stacklevel: int = 2) -> None:
+    """Run the signal-to-noise and constant-prediction checks on a fitted exact GP."""
+    covar = getattr(model, "covar_module", None)
+    noise = getattr(model.likelihood, "noise", None)
+    if isinstance(covar, gpytorch.kernels.ScaleKernel) and noise is not None:
+        check_signal_to_noise(covar.outputscale.detach(), noise.detach().mean(), name=name,
+                              result=result, stacklevel=stacklevel + 1)  # fmt: skip
+    x = model.train_inputs[0]
+    with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**5), warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        try:
+            mean = model(x).mean
+        except Exception:  # noqa: BLE001 - a failing posterior is reported, not raised, here
+            return
+    y = model.train_targets
+    check_predictions_vary(mean.reshape(-1, y.shape[-1]).T, y.reshape(-1, y.shape[-1]).T,
+                           name=name, result=result, stacklevel=stacklevel + 1)  # fmt: skip
