@@ -89,7 +89,7 @@ class VBootMLP(torch.nn.Module):
         >>> x = torch.randn(64, 3)
         >>> y = (x[:, 0] > 0).long()
         >>> model = VBootMLP(4, hidden_sizes=(16,), task="classification", num_classes=2)
-        >>> model = model.fit(x, y, num_epochs=2, batch_size=32)
+        >>> result = model.fit(x, y, num_epochs=2, batch_size=32)
         >>> model.predict_proba(x[:5]).shape
         torch.Size([5, 2])
     """

@@ -79,7 +79,7 @@ class VBootRFF(torch.nn.Module):
         >>> x = torch.randn(200, 2, dtype=torch.float64)
         >>> y = (x[:, 0] > 0).long()
         >>> model = VBootRFF(num_features=200, num_particles=10, task="classification", num_classes=2)
-        >>> model = model.fit(x, y, generator=torch.Generator().manual_seed(0))
+        >>> result = model.fit(x, y, generator=torch.Generator().manual_seed(0))
         >>> model.predict_proba(x[:5]).shape
         torch.Size([5, 2])
     """

@@ -19,7 +19,14 @@ import gpytorch
 import torch
 from gpytorch.priors import LogNormalPrior
 
-from gpext.errors import FitError, InputDataError, NumericalWarning, ShapeError, expected_got
+from gpext.errors import (
+    ConvergenceWarning,
+    FitError,
+    InputDataError,
+    NumericalWarning,
+    ShapeError,
+    expected_got,
+)
 from gpext.fit.diagnostics import check_predictions_vary, check_signal_to_noise
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import minimize_lbfgs
@@ -283,6 +290,7 @@ def fit_exact_gp(
     evaluations = 0
     with gpytorch.settings.max_cholesky_size(10**5), warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)  # re-issued for the best start only
         for r in range(num_restarts):
             model.load_state_dict(initial)
             if r > 0 and not _sample_priors(model, generator):
@@ -326,6 +334,13 @@ def fit_exact_gp(
         evaluations += res.num_evaluations
     model.load_state_dict(best[1])
     result = best[2]
+    if ConvergenceWarning.__name__ in result.problems:
+        warnings.warn(
+            f"{name}: the best start stopped at max_iter={max_iter} while its loss was still "
+            "falling; raise max_iter.",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
     result.restarts = records
     result.num_evaluations = evaluations
     model.eval()

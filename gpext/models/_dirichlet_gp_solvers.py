@@ -37,12 +37,12 @@ class NoiseValues:
     s_neg: torch.Tensor  # scalar tensor
 
 
-def _chol(mat: torch.Tensor, what: str) -> torch.Tensor:
-    """Cholesky factor without a jitter fallback (:func:`gpext.utils.safe_cholesky`)."""
+def _chol(mat: torch.Tensor, what: str, max_tries: int = 0) -> torch.Tensor:
+    """Cholesky factor, by default without a jitter fallback (:func:`gpext.utils.safe_cholesky`)."""
     return safe_cholesky(
         mat,
         name=f"DirichletGPClassifier: {what}",
-        max_tries=0,
+        max_tries=max_tries,
         hint="Increase jitter or use float64.",
     )
 
@@ -183,7 +183,9 @@ def _sparse_factors(
 ):
     m = k_mm.shape[-1]
     eye = torch.eye(m, dtype=k_mm.dtype, device=k_mm.device)
-    chol_m = _chol(k_mm + jitter * eye, "K_ZZ")
+    # K_ZZ escalates its jitter: inducing points that (nearly) coincide, e.g. learned points
+    # next to the training points added for the final posterior, make it singular in float32
+    chol_m = _chol(k_mm + jitter * eye, "K_ZZ", max_tries=4)
     v = torch.linalg.solve_triangular(chol_m, k_mn, upper=False)  # shape: (M, N)
     vvt = v @ v.transpose(0, 1)
     gap = 1.0 / nv.s_pos - 1.0 / nv.s_neg

@@ -83,7 +83,7 @@ class DirichletGPClassifier(gpytorch.Module):
 
     Example:
         >>> clf = DirichletGPClassifier(num_classes=3)
-        >>> clf.fit(train_x, train_y, max_iter=50)
+        >>> result = clf.fit(train_x, train_y)
         >>> probs = clf.predict_proba(test_x, generator=torch.Generator().manual_seed(0))
     """
 
@@ -362,7 +362,8 @@ class DirichletGPClassifier(gpytorch.Module):
             InputTypeError: If labels are not whole numbers.
 
         Example:
-            >>> clf = DirichletGPClassifier(num_classes=3, alpha_epsilon=0.05).fit(x, y)
+            >>> clf = DirichletGPClassifier(num_classes=3, alpha_epsilon=0.05)
+            >>> _ = clf.fit(x, y)
             >>> clf2 = clf.get_fantasy_model(x_new, y_new)
             >>> probs = clf2.predict_proba(x_test)
         """

@@ -9,24 +9,22 @@ import gpytorch
 import torch
 from torch import nn
 
-from gpext.errors import GpextWarning, InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.errors import (
+    InputDataError,
+    InputTypeError,
+    ShapeError,
+    VarianceCollapseWarning,
+    expected_got,
+)
+from gpext.fit import FitResult, minibatch_indices, train_loop
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
     as_float_tensor,
     check_finite,
     check_labels,
     check_positive_int,
-    progress_bar,
 )
 from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP, _safe_cholesky
-
-try:
-    from gpext.fit import VarianceCollapseWarning
-except ImportError:  # pragma: no cover - until gpext.fit provides it
-
-    class VarianceCollapseWarning(GpextWarning):
-        """The fit explains (almost) none of the targets' variance; the noise holds it."""
-
 
 __all__ = ["InducingGPNetwork"]
 
@@ -381,7 +379,7 @@ class InducingGPNetwork(gpytorch.Module):
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
         check_fit: bool = True,
-    ) -> list[float]:
+    ) -> FitResult:
         r"""Adam on the minibatch loss :meth:`loss`, data reshuffled every epoch.
 
         With ``validation_fraction > 0`` a seeded random part of ``(x, y)`` is held out, the
@@ -435,10 +433,12 @@ class InducingGPNetwork(gpytorch.Module):
                 (:meth:`check_fit`) and warn if there is one.
 
         Returns:
-            The mean minibatch loss of each epoch (the validation losses are kept in
-            ``validation_history_``).
+            The :class:`~gpext.fit.FitResult` of :func:`gpext.fit.train_loop` (``losses``:
+            the mean minibatch loss of each epoch; ``validation_losses``, also kept in
+            ``validation_history_``, with a validation split).
 
         Raises:
+            FitError: On a non-finite loss or parameter (the last finite state is restored).
             InputDataError: For an unknown schedule, a fraction outside ``[0, 0.5]``, or
                 ``refit_pseudo_labels=True`` with a probit task.
 
@@ -491,44 +491,32 @@ class InducingGPNetwork(gpytorch.Module):
             ],
             lr=lr,
         )
-        n, history = y.shape[0], []
-        steps = epochs * sum(1 for s in range(0, n, batch_size) if n - s >= 2)
-        sched = None
-        if lr_schedule == "cosine":
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.0)
-        best, best_state = math.inf, None
-        self.validation_history_: list[float] = []
-        self.train()
-        for _ in progress_bar(range(epochs), desc="IGN", show=show_progress):
-            perm = torch.randperm(n, generator=generator).to(y.device)
-            total, count = 0.0, 0
-            for start in range(0, n, batch_size):
-                idx = perm[start : start + batch_size]
-                if idx.numel() < 2:
-                    continue
-                opt.zero_grad()
-                loss = self.loss(x[idx], y[idx])
-                loss.backward()
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                total, count = total + float(loss.detach()) * idx.numel(), count + idx.numel()
-            history.append(total / max(count, 1))
-            if x_val is not None:
-                score = self._validation_nll(x_val, y_val)
-                self.validation_history_.append(score)
-                if score < best:
-                    best = score
-                    best_state = {k: v.detach().clone() for k, v in self.state_dict().items()}
-                self.train()
-        if best_state is not None:
-            self.load_state_dict(best_state)
+        n = y.shape[0]
+        result = train_loop(
+            lambda idx: self.loss(x[idx], y[idx]),
+            opt,
+            modules=[self],
+            epochs=epochs,
+            batches=lambda _: minibatch_indices(
+                n, batch_size, generator=generator, device=y.device, min_size=2
+            ),
+            lr_schedule=lr_schedule,
+            validation=None if x_val is None else (lambda: self._validation_nll(x_val, y_val)),
+            show_progress=show_progress,
+            desc="IGN",
+        )
+        self.validation_history_ = list(result.validation_losses)
         if refit_pseudo_labels:
             self.refit_pseudo_labels(x, y)
         self.eval()
-        if check_fit and self.task == "regression":
-            self.check_fit(x, y, generator=generator)
-        return history
+        if (
+            check_fit
+            and self.task == "regression"
+            and not self.check_fit(x, y, generator=generator)
+        ):
+            result.add_problem(VarianceCollapseWarning.__name__)
+        self.fit_result_ = result
+        return result
 
     @torch.no_grad()
     def check_fit(

@@ -25,8 +25,11 @@ class TestVBootMLP:
         x, y = _data(dtype)
         kw = dict(num_epochs=3, batch_size=16, lr=1e-2)
         make = lambda: VBootMLP(4, (12, 12), task="classification", num_classes=2, seed=self.seed)  # noqa: E731
-        joint = make().fit(x, y, **kw)
-        parts = [make().fit(x, y, particle_indices=idx, **kw) for idx in ([3, 0], [2], [1])]
+        joint = make()
+        joint.fit(x, y, **kw)
+        parts = [make() for _ in range(3)]
+        for part, idx in zip(parts, ([3, 0], [2], [1])):
+            part.fit(x, y, particle_indices=idx, **kw)
         merged = VBootMLP.merge(parts)
         assert merged.particle_indices.tolist() == [0, 1, 2, 3]
         tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
@@ -114,9 +117,8 @@ class TestVBootMLP:
         gen = torch.Generator().manual_seed(0)
         x = torch.rand(128, 1, generator=gen, dtype=torch.float64).to(dtype) * 4 - 2
         y = torch.sin(2 * x[:, 0])
-        model = VBootMLP(3, (32, 32), noise=0.01, seed=1).fit(
-            x, y, num_epochs=40, batch_size=32, lr=1e-2, cosine_decay=True
-        )
+        model = VBootMLP(3, (32, 32), noise=0.01, seed=1)
+        model.fit(x, y, num_epochs=40, batch_size=32, lr=1e-2, cosine_decay=True)
         means, variances = model.predict_mixture(x)
         assert means.shape == (3, 128) and torch.allclose(
             variances, torch.full_like(variances, 0.01)
@@ -156,17 +158,14 @@ class TestVBootMLPErrors:
             model.fit(x, y, particle_indices=[1, 1])
         with pytest.raises(ShapeError, match=r"shape \(64,\)"):
             model.fit(x, y[:10])
-        a = VBootMLP(3, (4,), task="classification", num_classes=2).fit(
-            x, y, particle_indices=[0, 1], num_epochs=1
-        )
-        b = VBootMLP(3, (4,), task="classification", num_classes=2).fit(
-            x, y, particle_indices=[1], num_epochs=1
-        )
+        a = VBootMLP(3, (4,), task="classification", num_classes=2)
+        a.fit(x, y, particle_indices=[0, 1], num_epochs=1)
+        b = VBootMLP(3, (4,), task="classification", num_classes=2)
+        b.fit(x, y, particle_indices=[1], num_epochs=1)
         with pytest.raises(InputDataError, match="disjoint"):
             VBootMLP.merge([a, b])
-        c = VBootMLP(3, (4,), task="classification", num_classes=2, seed=5).fit(
-            x, y, particle_indices=[2], num_epochs=1
-        )
+        c = VBootMLP(3, (4,), task="classification", num_classes=2, seed=5)
+        c.fit(x, y, particle_indices=[2], num_epochs=1)
         with pytest.raises(InputDataError, match="seed"):
             VBootMLP.merge([a, c])
         with pytest.raises(NotFittedError):

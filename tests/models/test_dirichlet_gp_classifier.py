@@ -101,7 +101,8 @@ def test_fit_predict_toy(dtype, sparse):
     mean, var = clf.predict_latent(x[100:])
     assert (var >= 0).all() and torch.isfinite(mean).all()
     # hyperparameters on a subset, posterior on everything
-    clf2 = DirichletGPClassifier(3).fit(x[:100], y[:100], max_iter=5, hyper_subset=50)
+    clf2 = DirichletGPClassifier(3)
+    clf2.fit(x[:100], y[:100], max_iter=5, hyper_subset=50)
     assert clf2._train["x"].shape[0] == 100
     assert math.isfinite(float(clf2.extra_noise))
 
@@ -158,7 +159,8 @@ def _fantasy_data(dtype, seed=0):
 
 def test_fantasy_model_equals_exact_posterior_on_union():
     x, y, x_new, y_new, x_test = _fantasy_data(torch.float64)
-    clf = DirichletGPClassifier(3, alpha_epsilon=0.05).fit(x, y, max_iter=8)
+    clf = DirichletGPClassifier(3, alpha_epsilon=0.05)
+    clf.fit(x, y, max_iter=8)
     before = clf.predict_latent(x_test)
     fant = clf.get_fantasy_model(x_new, y_new)
     mean, var = fant.predict_latent(x_test)
@@ -183,7 +185,8 @@ def test_fantasy_model_equals_exact_posterior_on_union():
 
 def test_fantasy_model_float32_and_sparse():
     x, y, x_new, y_new, x_test = _fantasy_data(torch.float32, seed=1)
-    clf = DirichletGPClassifier(3).fit(x, y, max_iter=5)
+    clf = DirichletGPClassifier(3)
+    clf.fit(x, y, max_iter=5)
     mean, var = clf.get_fantasy_model(x_new, y_new).predict_latent(x_test)
     ref_mean, ref_var = _dense_posterior(
         clf, torch.cat([x, x_new]), torch.cat([y, y_new]), x_test, alpha_epsilon=0.01
@@ -192,7 +195,8 @@ def test_fantasy_model_float32_and_sparse():
     assert torch.allclose(mean, ref_mean, atol=1e-3) and torch.allclose(var, ref_var, atol=1e-3)
     # sparse: the collapsed posterior of the union with the same inducing points
     x64, y64, xn64, yn64, xt64 = _fantasy_data(torch.float64, seed=2)
-    sp = DirichletGPClassifier(3, num_inducing=15).fit(x64, y64, max_iter=5)
+    sp = DirichletGPClassifier(3, num_inducing=15)
+    sp.fit(x64, y64, max_iter=5)
     fant = sp.get_fantasy_model(xn64, yn64)
     assert torch.equal(fant.inducing_points, sp.inducing_points)
     union = sp._sorted_data(torch.cat([x64, xn64]), torch.cat([y64, yn64]))
@@ -210,7 +214,8 @@ def test_fantasy_model_errors():
     x, y, x_new, y_new, _ = _fantasy_data(torch.float64)
     with pytest.raises(NotFittedError, match="fit"):
         DirichletGPClassifier(3).get_fantasy_model(x_new, y_new)
-    clf = DirichletGPClassifier(3).fit(x, y, max_iter=2)
+    clf = DirichletGPClassifier(3)
+    clf.fit(x, y, max_iter=2)
     with pytest.raises(ShapeError, match="2 features"):
         clf.get_fantasy_model(torch.zeros(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2]))
     with pytest.raises(ShapeError, match=r"shape \(12,\)"):
