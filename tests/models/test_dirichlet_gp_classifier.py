@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
+import gpext.errors
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError
 from gpext.likelihoods import DirichletTransform
 from gpext.models import DirichletGPClassifier
@@ -224,3 +226,53 @@ def test_fantasy_model_errors():
         clf.get_fantasy_model(x_new[:2], torch.tensor([0, 3]))
     with pytest.raises(InputTypeError, match="integer class labels"):
         clf.get_fantasy_model(x_new[:2], torch.tensor([0.5, 1.0]))
+
+
+def _digits_subset(n=300):
+    datasets = pytest.importorskip("sklearn.datasets")
+    x, y = datasets.load_digits(return_X_y=True)
+    x = torch.tensor(x[:n], dtype=torch.float64)
+    sd = x.std(0)
+    sd[sd == 0] = 1
+    return (x - x.mean(0)) / sd, torch.tensor(y[:n])
+
+
+def test_default_fit_reaches_the_optimum_of_a_reference_optimiser():
+    """The old ``LBFGS(max_iter=1)`` loop stopped after about 12 evaluations, far from it."""
+    from scipy.optimize import minimize
+
+    x, y = _digits_subset()
+    clf = DirichletGPClassifier(10)
+    res = clf.fit(x, y, max_iter=200)
+    assert res.stop_reason.value == "converged", res
+    clf.train()
+    clf._train = clf._sorted_data(x, y)
+    params = [p for p in clf.parameters() if p.requires_grad]
+
+    def f(v):
+        with torch.no_grad():
+            off = 0
+            for p in params:
+                p.copy_(torch.as_tensor(v[off : off + p.numel()]).view_as(p))
+                off += p.numel()
+        for p in params:
+            p.grad = None
+        loss = clf._loss()
+        for _, module, prior, get, _ in clf.named_priors():
+            loss = loss - prior.log_prob(get(module)).sum() / x.shape[0]
+        loss.backward()
+        return float(loss), torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+
+    start = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    ref = minimize(f, start, jac=True, method="L-BFGS-B", options={"maxiter": 300})
+    assert res.final_loss <= ref.fun + 1e-5 * abs(ref.fun)
+    assert res.grad_norm < 1e-3
+    assert res.num_evaluations > 30  # a real line-search budget was used
+
+
+def test_default_fit_records_a_healthy_result():
+    x, y = _digits_subset(200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpext.errors.FitWarning)
+        res = DirichletGPClassifier(10).fit(x, y)
+    assert res.ok and res.losses[-1] < res.losses[0] and res is not None
