@@ -13,6 +13,9 @@ r"""The GWI objective: expected log-likelihood plus the Wasserstein-2 distance.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
 
@@ -44,12 +47,15 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
         model: An :class:`~gpytorch.models.ApproximateGP` whose ``variational_strategy`` is a
             :class:`~gpext.variational.WassersteinVariationalStrategy`.
         num_data: Number of training points ``N``.
-        beta: Weight of the distance (1 reproduces 003).
-        combine_terms: Return the sum, or the tuple (expected log-likelihood, W2 / N, log prior).
+        beta: Weight of the distance, a finite number ``>= 0`` (1 reproduces 003; 0 drops the
+            distance: the expected log-likelihood alone).
+        combine_terms: Return the sum, or the tuple
+            (expected log-likelihood, beta * W2 / N, log prior).
 
     Raises:
         InputTypeError: If the model does not use a Wasserstein variational strategy.
-        InputDataError: If ``num_data`` or ``beta`` is not positive.
+        InputDataError: If ``num_data`` is not a positive int or ``beta`` not a finite
+            number ``>= 0``.
 
     Example:
         >>> mll = GWIObjective(likelihood, model, num_data=train_y.numel())
@@ -73,8 +79,7 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
             raise InputDataError(
                 expected_got("GWIObjective.num_data", "a positive int", repr(num_data))
             )
-        if not beta > 0:
-            raise InputDataError(expected_got("GWIObjective.beta", "a positive float", repr(beta)))
+        beta = check_beta(beta, "GWIObjective.beta")
         super().__init__(likelihood, model, num_data, beta=beta, combine_terms=combine_terms)
 
     def _log_likelihood_term(
@@ -92,4 +97,34 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
         Returns:
             :math:`-\\mathcal L / N` (or its terms if ``combine_terms=False``).
         """
-        return super().forward(approximate_dist_f, target, **kwargs)
+        num_batch = approximate_dist_f.event_shape[0]
+        ell = self._log_likelihood_term(approximate_dist_f, target, **kwargs).div(num_batch)
+        # beta * W2 / N (written as a product so that beta = 0 is allowed)
+        w2 = self.model.variational_strategy.kl_divergence().mul(self.beta / self.num_data)
+        added = torch.zeros_like(ell)
+        has_added = False
+        for term in self.model.added_loss_terms():
+            added = added + term.loss()
+            has_added = True
+        log_prior = torch.zeros_like(ell)
+        for _, module, prior, closure, _ in self.named_priors():
+            log_prior = log_prior + prior.log_prob(closure(module)).sum().div(self.num_data)
+        if self.combine_terms:
+            return ell - w2 + log_prior - added
+        if has_added:
+            return ell, w2, log_prior, added
+        return ell, w2, log_prior
+
+
+def check_beta(beta: object, name: str = "beta") -> float:
+    """Return ``beta`` as a float after checking that it is a finite number ``>= 0``.
+
+    Raises:
+        InputDataError: Otherwise.
+    """
+    ok = isinstance(beta, numbers.Real) and not isinstance(beta, bool)
+    if ok:
+        ok = math.isfinite(beta) and beta >= 0
+    if not ok:
+        raise InputDataError(expected_got(name, "a finite number >= 0", repr(beta)))
+    return float(beta)

@@ -26,22 +26,14 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.fit import FitResult, build_exact_gp, fit_exact_gp, minibatch_indices, train_loop
 from gpext.mlls import GWIObjective
-from gpext.utils import check_finite, check_positive_int, progress_bar
+from gpext.mlls.gwi_objective import check_beta
+from gpext.utils import check_finite, check_positive_int
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
 from gpext.variational.wasserstein_distance import safe_cholesky
 
 __all__ = ["GWIModel", "fit_exact_prior", "greedy_inducing_subset"]
-
-
-class _PriorGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, mean_module, covar_module):
-        super().__init__(x, y, likelihood)
-        self.mean_module = mean_module
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def fit_exact_prior(
@@ -52,35 +44,67 @@ def fit_exact_prior(
     steps: int = 100,
     lr: float = 0.1,
     ard: bool | None = None,
+    num_restarts: int | None = None,
     generator: torch.Generator | None = None,
     show_progress: bool | None = None,
-) -> tuple[gpytorch.means.Mean, gpytorch.kernels.Kernel, float]:
+    return_result: bool = False,
+) -> (
+    tuple[gpytorch.means.Mean, gpytorch.kernels.Kernel, float]
+    | tuple[gpytorch.means.Mean, gpytorch.kernels.Kernel, float, FitResult]
+):
     r"""Fit GWI's prior :math:`\mathcal{GP}(m_P, k)` by an exact GP on a subset, then freeze it.
 
-    Maximises the exact marginal likelihood of a constant-mean, scaled RBF GP (Adam) on a seeded
-    random subset of at most ``max_points`` points.  ``y`` of shape ``(N, J)`` fits ``J``
-    outputs with one shared kernel (the sum of their marginal likelihoods), e.g. centred one-hot
-    labels for classification.
+    The model is a constant mean per output plus a shared scaled RBF kernel,
+    :math:`y_j = m_j + f(x) + \varepsilon_j`, :math:`f \sim \mathcal{GP}(0, s\,k_\ell)`, on a
+    seeded random subset of at most ``max_points`` points.  Its hyperparameters are the MAP
+    estimate of :func:`gpext.fit.fit_exact_gp` under the default priors of
+    :func:`gpext.fit.build_exact_gp` (dimension-scaled lengthscales, signal and noise variances
+    relative to the targets' variance), from several starts (the initial values below, then
+    draws from the priors), each by L-BFGS whose line search rejects trial points where the
+    Cholesky factorisation fails, with an Adam fallback when every start fails; a collapsed
+    signal variance or constant predictions are reported by a
+    :class:`~gpext.errors.VarianceCollapseWarning` / :class:`~gpext.errors.ConstantPredictionWarning`.
+    This is the same fit as VBoot's :func:`gpext.bootstrap.fit_rbf_hyperparameters`.
+
+    ``y`` of shape ``(N, J)`` fits ``J`` outputs with one shared kernel (the sum of their log
+    marginal likelihoods, one noise variance per output), e.g. centred one-hot labels for
+    classification.  Initial values: the outputs' means, the prior medians of the lengthscales
+    and the outputscale, and, for a single lengthscale (``ard=False``), the median pairwise
+    distance of (up to) 200 subset points, which suits high-dimensional inputs.
+
+    The returned modules are fresh copies without the priors (so that an objective over a
+    model that holds them, such as :class:`gpext.mlls.GWIObjective`, adds no prior terms),
+    with ``requires_grad`` off.
 
     Args:
         x: Inputs. # shape: (N, D)
         y: Targets. # shape: (N,) or (N, J)
         max_points: Size of the random subset used for the fit.
-        steps: Adam steps.
-        lr: Adam learning rate.
+        steps: L-BFGS iterations per start (it used to be the number of Adam steps).
+        lr: Learning rate of the Adam fallback (used only if every L-BFGS start fails).
         ard: One lengthscale per input (default: when ``D <= 50``).
-        generator: Random generator for the subset.
+        num_restarts: Number of starts (``None``: 4 for subsets of at most 500 points, else 2).
+        generator: Random generator for the subset and the prior draws of the restarts.
         show_progress: Progress bar.
+        return_result: Also return the :class:`~gpext.fit.FitResult` of the fit.
 
     Returns:
-        ``(mean_module, covar_module, noise_variance)``; the modules have ``requires_grad``
-        off.
+        ``(mean_module, covar_module, noise_variance)``, or with ``return_result=True``
+        ``(mean_module, covar_module, noise_variance, fit_result)``; the modules have
+        ``requires_grad`` off, ``noise_variance`` is the mean over outputs.
 
     Raises:
         ShapeError: If ``x`` and ``y`` do not match.
+        InputDataError: If ``x`` or ``y`` has non-finite entries.
+        FitError: If every start and the fallback failed.
+
+    Warns:
+        VarianceCollapseWarning: If the signal variance collapsed into the noise.
+        ConstantPredictionWarning: If the fitted GP predicts a constant on the subset.
 
     Example:
         >>> mean, kernel, noise = fit_exact_prior(train_x, train_y)
+        >>> mean, kernel, noise, result = fit_exact_prior(train_x, train_y, return_result=True)
     """
     if x.dim() != 2 or y.shape[0] != x.shape[0] or y.dim() not in (1, 2):
         raise ShapeError(
@@ -90,39 +114,45 @@ def fit_exact_prior(
                 f"{tuple(x.shape)}, {tuple(y.shape)}",
             )
         )
-    check_finite(x, "x")
-    check_finite(y, "y")
+    check_finite(x, "fit_exact_prior.x")
+    check_finite(y, "fit_exact_prior.y")
+    max_points = check_positive_int(max_points, "fit_exact_prior.max_points")
+    steps = check_positive_int(steps, "fit_exact_prior.steps")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise InputDataError(expected_got("fit_exact_prior.lr", "a number > 0", repr(lr)))
     n, d = x.shape
     if n > max_points:
         idx = torch.randperm(n, generator=generator)[:max_points].to(x.device)
         x, y = x[idx], y[idx]
-    batch = torch.Size([y.shape[1]]) if y.dim() == 2 else torch.Size([])
-    targets = y.mT.contiguous() if y.dim() == 2 else y
+    m = x.shape[0]
+    if num_restarts is None:
+        num_restarts = 4 if m <= 500 else 2
     ard = d <= 50 if ard is None else ard
-    mean = gpytorch.means.ConstantMean(batch_shape=batch)
+    model = build_exact_gp(x, y, kernel="rbf", ard=ard, priors=True, shared_noise=False)
+    if not ard and m > 1:  # median-distance initialisation helps in high dimension
+        with torch.no_grad():
+            dist = torch.pdist(x[:200]).median().clamp_min(1e-3)
+            model.covar_module.base_kernel.lengthscale = dist.expand_as(
+                model.covar_module.base_kernel.lengthscale
+            )
+    result = fit_exact_gp(
+        model, num_restarts=num_restarts, max_iter=steps, fallback_lr=lr, generator=generator,
+        name="fit_exact_prior (GWI prior)", show_progress=show_progress,
+    )  # fmt: skip
+    fitted = model.covar_module
     kernel = gpytorch.kernels.ScaleKernel(
         gpytorch.kernels.RBFKernel(ard_num_dims=d if ard else None)
-    )
-    if not ard:  # median-distance initialisation helps in high dimension
-        kernel.base_kernel.lengthscale = (
-            torch.cdist(x[:200], x[:200]).median().clamp_min(1e-3).item()
-        )
-    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
-    model = _PriorGP(x, targets, likelihood, mean, kernel).to(x)
-    likelihood = likelihood.to(x)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    # Cholesky rather than CG up to max_points: exact, and faster at these sizes on a CPU
-    with gpytorch.settings.max_cholesky_size(max(max_points, 800)):
-        for _ in progress_bar(range(steps), desc="GWI prior", show=show_progress):
-            opt.zero_grad()
-            loss = -mll(model(x), targets).sum()
-            loss.backward()
-            opt.step()
-    noise = float(likelihood.noise.detach().mean())
+    ).to(x)
+    mean = gpytorch.means.ConstantMean(batch_shape=model.mean_module.batch_shape).to(x)
+    with torch.no_grad():
+        kernel.base_kernel.lengthscale = fitted.base_kernel.lengthscale.detach().clone()
+        kernel.outputscale = fitted.outputscale.detach().clone()
+        mean.constant.copy_(model.mean_module.constant.detach())
+    noise = float(model.likelihood.noise.detach().mean())
     mean.requires_grad_(False)
     kernel.requires_grad_(False)
+    if return_result:
+        return mean, kernel, noise, result
     return mean, kernel, noise
 
 
@@ -447,16 +477,29 @@ class GWIModel(gpytorch.models.ApproximateGP):
         batch_size: int = 256,
         lr: float = 1e-2,
         mean_lr: float | None = None,
+        beta: float = 1.0,
         x_val: torch.Tensor | None = None,
         y_val: torch.Tensor | None = None,
         eval_every: int = 1,
+        patience: int | None = None,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
-    ) -> dict[str, list[float]]:
-        """Minimise the GWI objective with Adam on minibatches.
+    ) -> FitResult:
+        r"""Minimise the GWI objective with Adam on minibatches (:func:`gpext.fit.train_loop`).
 
-        With a validation set, the state with the lowest validation NLL (checked every
-        ``eval_every`` epochs) is restored at the end.
+        The loss of a minibatch :math:`B` is the negative :class:`~gpext.mlls.GWIObjective`,
+
+        .. math::
+
+            -\frac{1}{|B|}\sum_{b \in B} \mathbb E_{\mathbb Q}[\log p(y_b \mid F(x_b))]
+            + \frac{\beta}{N} \sum_j \hat W^2(\mathbb P_j, \mathbb Q_j),
+
+        over shuffled minibatches (a last one of a single point is merged into the one before).
+        With a validation set, the validation NLL is checked every ``eval_every`` epochs (and
+        before training: ``Q`` starts at a sparse posterior, and that state competes too) and the
+        best state is restored at the end.  Afterwards subclasses check the fit for degenerate
+        solutions (the regression model: constant predictions, little explained variance), and
+        the problems found are recorded in the result and issued as warnings.
 
         Args:
             likelihood: Gaussian or robust-max likelihood (its parameters are trained too).
@@ -467,25 +510,44 @@ class GWIModel(gpytorch.models.ApproximateGP):
             lr: Adam learning rate.
             mean_lr: Adam learning rate of the parameters of the mean module :math:`m_Q`
                 (default ``lr``); the other parameters (``L``, the likelihood) use ``lr``.
+            beta: Weight :math:`\beta \ge 0` of the W2 term (1: 003's objective; ``N`` is the
+                public scripts' weighting; 0: the expected log-likelihood alone).
             x_val: Optional validation inputs. # shape: (N_val, D)
             y_val: Optional validation targets. # shape: (N_val,)
             eval_every: Validation period in epochs.
+            patience: Stop after this many validation checks without improvement (``None``:
+                train all ``epochs``).
             generator: Random generator for the shuffling.
             show_progress: Progress bar.
 
         Returns:
-            History with per-epoch ``loss`` (negative objective), ``w2`` (mean batch W2
-            estimate) and, with validation data, ``val_nll`` and ``val_epoch``.
+            A :class:`~gpext.fit.FitResult`: ``losses`` (per epoch, the mean minibatch negative
+            objective), ``history["w2"]`` (per epoch, the mean minibatch W2 estimate, without
+            ``beta``), and with validation data ``validation_losses`` (the validation NLL),
+            ``validation_steps`` (the epoch of each check; 0 is the initial state) and
+            ``best_step`` (the epoch whose state was restored).
 
         Raises:
             ShapeError: If ``x`` and ``y`` do not match.
-            InputDataError: If only one of ``x_val``, ``y_val`` is given or ``mean_lr < 0``.
+            InputDataError: If ``x``, ``y`` (or the validation data) have NaN or infinite
+                entries, if only one of ``x_val``, ``y_val`` is given, ``mean_lr < 0`` or
+                ``beta`` is not a finite number ``>= 0``.
+            FitError: If the loss or a parameter became non-finite (the last finite state is
+                restored first).
+
+        Warns:
+            ConstantPredictionWarning: The regression model predicts a constant on the
+                training inputs.
+            VarianceCollapseWarning: The regression model explains little of the training
+                targets' variance.
         """
         epochs = check_positive_int(epochs, "epochs")
         batch_size = check_positive_int(batch_size, "batch_size")
+        eval_every = check_positive_int(eval_every, "eval_every")
         if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):
             raise InputDataError(expected_got("mean_lr", "a learning rate >= 0 or None", mean_lr))
-        if x.dim() != 2 or y.shape[0] != x.shape[0]:
+        beta = check_beta(beta, f"{type(self).__name__}.fit: beta")
+        if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(
                     "fit(x, y)", "x (N, D) and y (N,)", f"{tuple(x.shape)}, {tuple(y.shape)}"
@@ -495,8 +557,21 @@ class GWIModel(gpytorch.models.ApproximateGP):
             raise InputDataError(
                 "GWIModel.fit: expected both x_val and y_val or neither, got one of them."
             )
+        # checked before any parameter moves: a NaN target used to fill the model with NaN
+        check_finite(x, f"{type(self).__name__}.fit: x")
+        y = self._check_targets(y, f"{type(self).__name__}.fit: y")
+        if x_val is not None:
+            if x_val.dim() != 2 or y_val.dim() != 1 or y_val.shape[0] != x_val.shape[0]:
+                raise ShapeError(
+                    expected_got(
+                        "fit(x_val, y_val)", "x_val (N_val, D) and y_val (N_val,)",
+                        f"{tuple(x_val.shape)}, {tuple(y_val.shape)}",
+                    )  # fmt: skip
+                )
+            check_finite(x_val, f"{type(self).__name__}.fit: x_val")
+            y_val = self._check_targets(y_val, f"{type(self).__name__}.fit: y_val")
         n = x.shape[0]
-        mll = GWIObjective(likelihood, self, num_data=n)
+        mll = GWIObjective(likelihood, self, num_data=n, beta=beta)
         mean_ids = {id(p) for p in self.variational_strategy.mean_module.parameters()}
         params = [p for p in (*self.parameters(), *likelihood.parameters()) if p.requires_grad]
         groups = [{"params": [p for p in params if id(p) not in mean_ids], "lr": lr}]
@@ -504,49 +579,45 @@ class GWIModel(gpytorch.models.ApproximateGP):
         if mean_params:
             groups.append({"params": mean_params, "lr": lr if mean_lr is None else mean_lr})
         opt = torch.optim.Adam(groups)
-        history: dict[str, list[float]] = {"loss": [], "w2": [], "val_nll": [], "val_epoch": []}
-        best, best_state = math.inf, None
-        if x_val is not None:  # the initial state competes too (Q starts at a sparse posterior)
-            best = self._validation_nll(likelihood, x_val, y_val, 1.0)
-            history["val_nll"].append(best)
-            history["val_epoch"].append(0)
-            best_state = (copy.deepcopy(self.state_dict()), copy.deepcopy(likelihood.state_dict()))
-        for epoch in progress_bar(range(epochs), desc="GWI", show=show_progress):
-            self.train()
-            likelihood.train()
-            perm = torch.randperm(n, generator=generator).to(x.device)
-            tot, w2s, nb = 0.0, 0.0, 0
-            for start in range(0, n, batch_size):
-                idx = perm[start : start + batch_size]
-                if idx.numel() < 2 and nb:
-                    continue
-                opt.zero_grad()
-                out = self(x[idx])
-                loss = -mll(out, y[idx])
-                loss.backward()
-                opt.step()
-                tot += float(loss.detach())
-                w2s += float(self.variational_strategy.kl_divergence().detach())
-                nb += 1
-            history["loss"].append(tot / nb)
-            history["w2"].append(w2s / nb)
-            if x_val is not None and ((epoch + 1) % eval_every == 0 or epoch == epochs - 1):
-                nll = self._validation_nll(likelihood, x_val, y_val, 1.0)
-                history["val_nll"].append(nll)
-                history["val_epoch"].append(epoch + 1)
-                if nll < best:
-                    best = nll
-                    best_state = (
-                        copy.deepcopy(self.state_dict()),
-                        copy.deepcopy(likelihood.state_dict()),
-                    )
-        if best_state is not None:
-            self.load_state_dict(best_state[0])
-            likelihood.load_state_dict(best_state[1])
+        # the W2 estimate of every minibatch, summed per epoch (a new epoch starts in batches)
+        w2_sums: list[torch.Tensor] = []
+        w2_counts: list[int] = []
+
+        def batches(epoch: int) -> list[torch.Tensor]:
+            w2_sums.append(torch.zeros((), dtype=torch.float64))
+            w2_counts.append(0)
+            return minibatch_indices(n, batch_size, generator=generator, device=x.device,
+                                     min_size=2)  # fmt: skip
+
+        def loss_fn(idx: torch.Tensor) -> torch.Tensor:
+            loss = -mll(self(x[idx]), y[idx])
+            w2_sums[-1] = w2_sums[-1] + self.variational_strategy.kl_divergence().detach().cpu()
+            w2_counts[-1] += 1
+            return loss
+
+        validation = None
+        if x_val is not None:
+            validation = lambda: self._validation_nll(likelihood, x_val, y_val, 1.0)  # noqa: E731
+        result = train_loop(
+            loss_fn, opt, modules=[self, likelihood], epochs=epochs, batches=batches,
+            validation=validation, eval_every=eval_every, patience=patience,
+            validate_initial=True, show_progress=show_progress, desc=f"{type(self).__name__}.fit",
+        )  # fmt: skip
+        result.history["w2"] = [
+            float(total) / count for total, count in zip(w2_sums, w2_counts) if count
+        ][: len(result.losses)]
         self.eval()
         likelihood.eval()
         self._fitted = True
-        return history
+        self._check_fit(likelihood, x, y, result)
+        return result
+
+    def _check_targets(self, y: torch.Tensor, name: str) -> torch.Tensor:
+        """Validate training / validation targets (finite values; subclasses add more)."""
+        return check_finite(y, name)
+
+    def _check_fit(self, likelihood, x: torch.Tensor, y: torch.Tensor, result: FitResult) -> None:
+        """Degenerate-fit checks after :meth:`fit` (none by default); record into ``result``."""
 
     def _validation_nll(self, likelihood, x, y, temperature: float) -> float:
         self.eval()

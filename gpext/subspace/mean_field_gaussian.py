@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpext.errors import InputDataError, expected_got
-from gpext.utils import check_positive_int
+from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.utils import check_finite, check_positive_int
 
 __all__ = ["MeanFieldGaussian"]
 
@@ -66,6 +66,33 @@ class MeanFieldGaussian(nn.Module):
             self.loc.device
         )
         return self.loc + self.scale * eps
+
+    @torch.no_grad()
+    def set_moments(self, loc: torch.Tensor, scale: torch.Tensor) -> None:
+        """Set the mean and the standard deviations (clamped to just above the floor).
+
+        Args:
+            loc: New mean :math:`\\mu`. # shape: (r,)
+            scale: New standard deviations ``s``. # shape: (r,)
+
+        Raises:
+            ShapeError: If a shape is not ``(r,)``.
+            InputDataError: If an entry is not finite.
+        """
+        for value, name in ((loc, "loc"), (scale, "scale")):
+            if value.shape != (self.dim,):
+                raise ShapeError(
+                    expected_got(
+                        f"MeanFieldGaussian.set_moments({name})",
+                        f"shape ({self.dim},)",
+                        tuple(value.shape),
+                    )
+                )
+            check_finite(value, f"MeanFieldGaussian.set_moments({name})")
+        excess = (scale.to(self.rho) - _STD_FLOOR).clamp_min(1e-3 * _STD_FLOOR)
+        # the inverse of softplus, stable for large arguments: s + log(1 - exp(-s))
+        self.loc.copy_(loc.to(self.loc))
+        self.rho.copy_(excess + torch.log(-torch.expm1(-excess)))
 
     def kl_divergence(self, prior_std: float) -> torch.Tensor:
         """Closed-form :math:`\\mathrm{KL}(q \\| \\mathcal{N}(0, \\sigma_p^2 I))` (scalar)."""

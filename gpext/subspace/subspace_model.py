@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import math
+import time
+import warnings
+
 import torch
 from torch import nn
 
-from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
+from gpext.errors import (
+    ConvergenceWarning,
+    FitError,
+    InputDataError,
+    NotFittedError,
+    OptimizerStallWarning,
+    ShapeError,
+    expected_got,
+)
+from gpext.fit import FitResult, StopReason, minibatch_indices, minimize_lbfgs, train_loop
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
 from gpext.subspace.output_likelihood import OutputLikelihood
-from gpext.utils import check_finite, check_positive_int, progress_bar
+from gpext.utils import check_finite, check_positive_int
 
 __all__ = ["SubspaceModel"]
 
@@ -168,65 +181,313 @@ class SubspaceModel(nn.Module):
         y: torch.Tensor,
         *,
         num_steps: int = 1000,
-        lr: float = 1e-2,
-        num_mc: int = 1,
+        lr: float = 5e-2,
+        num_mc: int = 4,
         batch_size: int | None = None,
-        init_std: float = 0.05,
+        init_std: float | None = None,
+        map_init: bool = True,
+        map_max_iter: int = 200,
         final_lr_ratio: float = 0.01,
+        check_samples: int = 64,
+        check_tol: float = 0.2,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
-    ) -> MeanFieldGaussian:
-        """Fit the mean-field Gaussian :math:`q(\\theta)` by maximising the tempered ELBO.
+    ) -> FitResult:
+        r"""Fit the mean-field Gaussian :math:`q(\theta)` by maximising the tempered ELBO.
+
+        Three stages:
+
+        1. **Initialisation.** With ``map_init`` the mean starts at the MAP of the tempered
+           log joint :math:`\ell(\theta) = \frac1T \sum_n \log p(y_n \mid f_{w(\theta)}(x_n))
+           - \|\theta\|^2 / (2\sigma_p^2)`, found by full-batch L-BFGS
+           (:func:`gpext.fit.minimize_lbfgs`); otherwise at 0, the subspace centre.  The
+           reference scales are :math:`c_j = (\max(-\partial_j^2 \ell, \sigma_p^{-2}))^{-1/2}`
+           (the diagonal of the Hessian there): for a Gaussian posterior the MAP and
+           :math:`c` *are* the optimal mean-field ``q`` (its mean is the posterior mean, its
+           variances the inverse diagonal of the posterior precision).
+        2. **ELBO ascent** with Adam (:func:`gpext.fit.train_loop`, cosine schedule from ``lr``
+           to ``lr * final_lr_ratio``) in coordinates whitened by :math:`c`,
+           :math:`\mu = \mu_0 + c \odot u` and :math:`\log s = \log c + v`, so ``lr`` is a
+           step in posterior standard deviations (resp. in log-scale) whatever the scale of the
+           posterior.  Each step uses ``num_mc`` reparameterised samples in antithetic pairs
+           :math:`\mu \pm s \odot \epsilon` (for a quadratic log joint the mean gradient of a
+           pair is exact).
+        3. **Convergence check** with ``check_samples`` antithetic samples on the full data:
+           the ELBO gradient in natural units, :math:`s_j\, \partial_{\mu_j}(-\mathcal L)`
+           (about the distance of :math:`\mu_j` from its optimum in standard deviations) and
+           :math:`\partial_{\log s_j}(-\mathcal L)` (about :math:`s_j^2/s_j^{*2} - 1`), is
+           compared with ``check_tol``; when it exceeds it by more than three Monte Carlo
+           standard errors a :class:`~gpext.errors.ConvergenceWarning` is issued.
 
         Args:
-            x: Training inputs. # shape: (N, ...)
+            x: Training inputs (any trailing shape, e.g. images). # shape: (N, ...)
             y: Training targets. # shape: (N,)
-            num_steps: Adam steps.
-            lr: Adam learning rate.
-            num_mc: Monte Carlo samples per step.
+            num_steps: Adam steps (with ``batch_size``: rounded up to whole epochs).
+            lr: Adam learning rate in whitened units (see above).
+            num_mc: Monte Carlo samples per step (antithetic pairs when even).
             batch_size: Mini-batch size (``None``: full batch); the likelihood is rescaled by
-                ``N / batch_size``.
-            init_std: Initial standard deviation of ``q``.
-            final_lr_ratio: The learning rate is annealed (cosine) from ``lr`` to
-                ``lr * final_lr_ratio``, so the final iterate does not jitter at the scale of
-                ``lr`` (1 keeps it constant).
+                ``N / batch_size``.  The MAP, the curvature and the check evaluate the full data
+                in chunks of this size.
+            init_std: Initial standard deviation of ``q`` (``None``: the reference scales
+                :math:`c`, the recommended choice).
+            map_init: Start the mean at the MAP (``False``: at 0).
+            map_max_iter: L-BFGS iterations of the MAP stage.
+            final_lr_ratio: Final learning rate relative to ``lr`` (1 keeps it constant).
+            check_samples: Samples of the final convergence check (0 switches it off).
+            check_tol: Tolerance of the check in the natural units above.
             generator: Random generator for the samples and the mini-batches.
             show_progress: Progress bar.
 
         Returns:
-            The fitted :class:`MeanFieldGaussian` (also stored as :attr:`variational`).
+            A :class:`~gpext.fit.FitResult`: ``losses`` is the negative ELBO estimate per step
+            (per epoch with ``batch_size``), ``history["map_losses"]`` the L-BFGS trace of the
+            MAP stage, ``grad_norm`` the norm of the ELBO gradient with respect to
+            ``(q.loc, q.rho)`` estimated by the check, ``stop_reason`` ``CONVERGED`` when the
+            check passed.  The fitted :class:`MeanFieldGaussian` is :attr:`variational`.
+
+        Raises:
+            InputDataError: If ``x`` or ``y`` has NaN or infinite entries, or for invalid
+                settings.
+            FitError: If the loss becomes non-finite; :attr:`variational` then holds the last
+                finite state.
+
+        Warns:
+            ConvergenceWarning: When the check finds the ELBO gradient clearly above
+                ``check_tol`` (raise ``num_steps`` or ``num_mc``).
         """
+        start = time.perf_counter()
         self._check_data(x, y)
-        num_steps = check_positive_int(num_steps, "SubspaceModel.fit_vi.num_steps")
-        num_mc = check_positive_int(num_mc, "SubspaceModel.fit_vi.num_mc")
+        what = "SubspaceModel.fit_vi"
+        num_steps = check_positive_int(num_steps, f"{what}.num_steps")
+        num_mc = check_positive_int(num_mc, f"{what}.num_mc")
+        map_max_iter = check_positive_int(map_max_iter, f"{what}.map_max_iter")
+        if not (lr > 0 and 0 <= final_lr_ratio <= 1 and check_tol > 0):
+            raise InputDataError(
+                expected_got(
+                    what,
+                    "lr > 0, 0 <= final_lr_ratio <= 1 and check_tol > 0",
+                    (lr, final_lr_ratio, check_tol),
+                )
+            )
+        if not (isinstance(check_samples, int) and check_samples >= 0):
+            raise InputDataError(
+                expected_got(f"{what}.check_samples", "an integer >= 0", check_samples)
+            )
+        if init_std is not None and not init_std > 1e-6:
+            raise InputDataError(
+                expected_got(f"{what}.init_std", "None or a number > 1e-6", init_std)
+            )
         n = x.shape[0]
         bs = (
             n
             if batch_size is None
-            else min(check_positive_int(batch_size, "SubspaceModel.fit_vi.batch_size"), n)
+            else min(check_positive_int(batch_size, f"{what}.batch_size"), n)
         )
-        q = MeanFieldGaussian(self.rank, init_std=init_std, dtype=self.center.dtype).to(
-            self.center.device
-        )
-        opt = torch.optim.Adam(q.parameters(), lr=lr)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-            opt, num_steps, eta_min=lr * final_lr_ratio
-        )
-        for _ in progress_bar(range(num_steps), desc="VI", show=show_progress):
-            if bs < n:
-                idx = torch.randperm(n, generator=generator)[:bs].to(x.device)
-                xb, yb = x[idx], y[idx]
-            else:
-                xb, yb = x, y
-            thetas = q.rsample(num_mc, generator=generator)
-            ll = torch.stack([self.log_likelihood(t, xb, yb) for t in thetas]).mean() * (n / bs)
-            loss = -(ll / self.temperature - q.kl_divergence(self.prior_std))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
+        dtype, device = self.center.dtype, self.center.device
+
+        # 1. initial mean (MAP) and reference scales (curvature)
+        theta = nn.Parameter(torch.zeros(self.rank, dtype=dtype, device=device))
+        map_result = None
+        if map_init:
+            map_result = self._fit_map(theta, x, y, bs, map_max_iter, show_progress)
+        loc0 = theta.detach().clone()
+        ref = self._reference_scales(loc0, x, y, bs)
+        scale0 = ref if init_std is None else torch.full_like(ref, float(init_std))
+        q = MeanFieldGaussian(self.rank, dtype=dtype).to(device)
+        q.set_moments(loc0, scale0)
+        white = _WhitenedGaussian(loc0, ref, scale0)
+
+        # 2. ELBO ascent
+        def sample(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+            eps = torch.randn((count + 1) // 2, self.rank, generator=generator, dtype=dtype)
+            eps = torch.cat([eps, -eps])[:count].to(device)
+            return white.loc + white.scale * eps, eps
+
+        def neg_elbo(batch: torch.Tensor | None = None) -> torch.Tensor:
+            xb, yb = (x, y) if batch is None else (x[batch], y[batch])
+            thetas, _ = sample(num_mc)
+            ll = torch.stack([self.log_likelihood(t, xb, yb) for t in thetas]).mean()
+            ll = ll * (n / xb.shape[0])
+            return -ll / self.temperature + _kl_to_prior(white.loc, white.scale, self.prior_std)
+
+        batches = None
+        epochs = num_steps
+        if bs < n:
+            per_epoch = len(minibatch_indices(n, bs, min_size=max(1, bs // 2)))
+            epochs = max(1, math.ceil(num_steps / per_epoch))
+
+            def batches(epoch: int) -> list[torch.Tensor]:
+                return minibatch_indices(
+                    n, bs, generator=generator, device=x.device, min_size=max(1, bs // 2)
+                )
+
+        opt = torch.optim.Adam(white.parameters(), lr=lr)
+        try:
+            result = train_loop(
+                neg_elbo,
+                opt,
+                modules=[white],
+                epochs=epochs,
+                batches=batches,
+                lr_schedule="cosine",
+                final_lr_ratio=final_lr_ratio,
+                show_progress=show_progress,
+                desc=what,
+            )
+        except FitError:
+            q.set_moments(white.loc.detach(), white.scale.detach())
+            self.variational = q
+            raise
+        q.set_moments(white.loc.detach(), white.scale.detach())
         self.variational = q
-        return q
+        if map_result is not None:
+            result.history["map_losses"] = list(map_result.losses)
+            result.num_evaluations += map_result.num_evaluations
+
+        # 3. convergence check
+        if check_samples > 0:
+            self._check_vi(q, x, y, bs, check_samples, check_tol, generator, result)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _neg_log_joint(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        chunk: int,
+        *,
+        prior: bool = True,
+    ) -> torch.Tensor:
+        r""":math:`-\ell(\theta)` on the full data, in chunks; value and gradient are exact.
+
+        With several chunks each chunk's graph is freed after its gradient; the returned
+        tensor carries the summed gradient through a linear surrogate.  ``prior=False``
+        leaves out the prior term.
+        """
+        log_prior = theta.pow(2).sum() / (2 * self.prior_std**2) if prior else 0.0
+        n = x.shape[0]
+        if chunk >= n:
+            return log_prior - self.log_likelihood(theta, x, y) / self.temperature
+        value = torch.zeros((), dtype=theta.dtype, device=theta.device)
+        grad = torch.zeros_like(theta)
+        for i in range(0, n, chunk):
+            ll = self.log_likelihood(theta, x[i : i + chunk], y[i : i + chunk])
+            (g,) = torch.autograd.grad(ll, theta)
+            value = value + ll.detach()
+            grad = grad + g
+        value, grad = -value / self.temperature, -grad / self.temperature
+        return log_prior + value + (theta * grad).sum() - (theta * grad).sum().detach()
+
+    def _fit_map(
+        self,
+        theta: nn.Parameter,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        chunk: int,
+        max_iter: int,
+        show_progress: bool | None,
+    ) -> FitResult:
+        """MAP of the tempered log joint by L-BFGS (in place on ``theta``)."""
+        with warnings.catch_warnings():
+            # the ELBO stage and its check judge convergence; a loose MAP is only a start
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            warnings.simplefilter("ignore", OptimizerStallWarning)
+            try:
+                return minimize_lbfgs(
+                    lambda: self._neg_log_joint(theta, x, y, chunk),
+                    [theta],
+                    max_iter=max_iter,
+                    warn_on_stall=False,
+                    show_progress=show_progress,
+                    desc="SubspaceModel.fit_vi (MAP)",
+                )
+            except FitError as err:
+                raise FitError(
+                    "SubspaceModel.fit_vi: the tempered log joint is not finite at the subspace "
+                    f"centre ({err}). Check the network, the centre and the data.",
+                    err.result,
+                ) from err
+
+    def _reference_scales(
+        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
+        r""":math:`(\max(H_{jj}, \sigma_p^{-2}))^{-1/2}`, :math:`H` the Hessian of :math:`-\ell`."""
+        floor = 1.0 / self.prior_std**2
+        diag = torch.zeros_like(theta)
+        try:
+            for i in range(0, x.shape[0], chunk):
+                t = theta.detach().clone().requires_grad_(True)
+                ll = self.log_likelihood(t, x[i : i + chunk], y[i : i + chunk])
+                (g,) = torch.autograd.grad(ll, t, create_graph=True)
+                for j in range(self.rank):
+                    (h,) = torch.autograd.grad(g[j], t, retain_graph=j < self.rank - 1)
+                    diag[j] -= h[j].detach()
+        except RuntimeError:  # no double backward through this network: use the prior scale
+            diag.zero_()
+        diag = torch.nan_to_num(diag / self.temperature, nan=0.0, posinf=0.0)
+        return (diag.clamp_min(0.0) + floor).rsqrt()
+
+    @torch.no_grad()
+    def _check_vi(
+        self,
+        q: MeanFieldGaussian,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        chunk: int,
+        num_samples: int,
+        tol: float,
+        generator: torch.Generator | None,
+        result: FitResult,
+    ) -> None:
+        """The convergence check of :meth:`fit_vi` (fills ``result``; may warn)."""
+        mu, s = q.loc.detach(), q.scale.detach()
+        prior_var = self.prior_std**2
+        pairs = max(4, (num_samples + 1) // 2)
+        eps = torch.randn(pairs, self.rank, generator=generator, dtype=mu.dtype).to(mu.device)
+        g_lik, values = [], []  # gradients and values of -sum log p / T at mu +- s eps
+        for e in eps:
+            for sign in (1.0, -1.0):
+                t = (mu + sign * s * e).requires_grad_(True)
+                with torch.enable_grad():
+                    value = self._neg_log_joint(t, x, y, chunk, prior=False)
+                    (g,) = torch.autograd.grad(value, t)
+                g_lik.append(g)
+                values.append(float(value.detach()))
+        g_plus, g_minus = torch.stack(g_lik[0::2]), torch.stack(g_lik[1::2])  # (pairs, r)
+        # per pair: gradients of -ELBO w.r.t. mu and log s (antithetic averages)
+        g_mu = 0.5 * (g_plus + g_minus) + mu / prior_var
+        g_ls = 0.5 * s * eps * (g_plus - g_minus) - 1.0 + s**2 / prior_var
+        # control variate: the eps_j^2 term of g_ls (exact for a quadratic log joint's
+        # diagonal) has known mean; its coefficient is regressed on the same samples
+        feat = eps**2 - 1.0
+        fc = feat - feat.mean(0)
+        coef = (fc * (g_ls - g_ls.mean(0))).sum(0) / fc.pow(2).sum(0).clamp_min(1e-12)
+        g_ls = g_ls - coef * feat
+        z_mu, z_ls = g_mu.mean(0) * s, g_ls.mean(0)
+        se_mu = g_mu.std(0) * s / math.sqrt(pairs)
+        se_ls = g_ls.std(0) / math.sqrt(pairs - 1)
+        g_rho = z_ls * torch.sigmoid(q.rho.detach()) / s
+        result.grad_norm = float(torch.cat([g_mu.mean(0), g_rho]).norm())
+        neg_elbo = sum(values) / len(values) + float(q.kl_divergence(self.prior_std))
+        excess = float(torch.cat([z_mu.abs() - 3 * se_mu, z_ls.abs() - 3 * se_ls]).max())
+        summary = (
+            f"ELBO gradient in natural units: mean {float(z_mu.abs().max()):.3g} sd, log-scale "
+            f"{float(z_ls.abs().max()):.3g} (tolerance {tol:g}, {2 * pairs} samples); "
+            f"negative ELBO {neg_elbo:.6g}"
+        )
+        if excess <= tol:
+            result.stop_reason = StopReason.CONVERGED
+            result.message = f"{result.message}; converged: {summary}"
+            return
+        result.message = f"{result.message}; not converged: {summary}"
+        result.add_problem(ConvergenceWarning.__name__)
+        warnings.warn(
+            f"SubspaceModel.fit_vi: the variational fit has not converged ({summary}). Raise "
+            "num_steps or num_mc, or keep init_std=None and map_init=True.",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
 
     def sample_vi(
         self, num_samples: int, *, generator: torch.Generator | None = None
@@ -270,3 +531,31 @@ class SubspaceModel(nn.Module):
                     (tuple(x.shape), tuple(y.shape)),
                 )
             )
+        check_finite(x, "SubspaceModel(x)")
+        check_finite(y, "SubspaceModel(y)")
+
+
+class _WhitenedGaussian(nn.Module):
+    r""":math:`\mu = \mu_0 + c \odot u`, :math:`s = c \odot e^{v}`: Adam steps in units of ``c``."""
+
+    def __init__(self, loc0: torch.Tensor, ref: torch.Tensor, scale0: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("loc0", loc0.detach().clone())
+        self.register_buffer("ref", ref.detach().clone())
+        self.u = nn.Parameter(torch.zeros_like(loc0))
+        self.v = nn.Parameter((scale0 / ref).log().detach().clone())
+
+    @property
+    def loc(self) -> torch.Tensor:
+        return self.loc0 + self.ref * self.u
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.ref * self.v.exp()
+
+
+def _kl_to_prior(loc: torch.Tensor, scale: torch.Tensor, prior_std: float) -> torch.Tensor:
+    """Closed-form KL of N(loc, diag(scale)^2) to N(0, prior_std^2 I) (as MeanFieldGaussian)."""
+    return (
+        math.log(prior_std) - scale.log() + (scale**2 + loc**2) / (2 * prior_std**2) - 0.5
+    ).sum()

@@ -72,6 +72,9 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
             ``variational_cholesky_jitter``).
         w2_jitter: Relative jitter for the subsample Gram matrices of the W2 estimator (default
             1e-6 in float64, 1e-4 in float32); raised with a ``NumericalWarning`` if needed.
+            The estimator's small blocks are computed in float64 whatever the model's dtype
+            (see :func:`~gpext.variational.wasserstein2_estimate`); with ``w2_jitter=0`` an
+            estimate that comes out negative is clamped to 0 with a ``NumericalWarning``.
         generator: Random generator for the subsamples.
 
     Raises:
