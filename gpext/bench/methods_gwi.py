@@ -1,7 +1,8 @@
 """GWI methods registered in ``gpext bench``.
 
 * ``gwi``: GWI regression (:class:`gpext.models.GWIRegressionModel`): exact-GP prior fitted on a
-  subset and frozen, mean = whitened kernel expansion (trainable centres starting at the
+  subset and frozen (MAP with default priors and restarts, :func:`gpext.fit.fit_exact_gp`),
+  mean = whitened kernel expansion (trainable centres starting at the
   inducing points and its own trainable copy of the kernel) + MLP, started at the sparse-GP
   posterior mean, ``M`` greedily chosen data points as (fixed) inducing points of ``r``,
   minibatch Adam on :class:`gpext.mlls.GWIObjective`; 10%
@@ -40,7 +41,7 @@ def fit_gwi_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
 
     Budget (quick / full): ``M`` = 64 / 256 inducing points chosen greedily from the data (the
     SVGP baseline's counts), about 300 / 1500 Adam steps (batches of 256, the baseline's step
-    count), prior fit 50 / 150 exact-GP steps.  Learning rates: 0.02 for the mean
+    count), prior fit 50 / 150 L-BFGS iterations per start.  Learning rates: 0.02 for the mean
     :math:`m_Q` (its whitened expansion coefficients, centres, kernel copy and network: the
     SVGP baseline's learning rate, for the parameters that play the role of SVGP's variational
     mean, inducing locations and kernel) and 1e-3 for ``L`` and the noise.  10% of the training split is held out for
@@ -57,20 +58,20 @@ def fit_gwi_regression(split: DatasetSplit, config: BenchConfig) -> Prediction:
     n = xt.shape[0]
     batch_size = min(n, 256)
     epochs = max(1, config.budget(300, 1500) * batch_size // n)
-    history = model.fit(
+    result = model.fit(
         likelihood, xt, yt, epochs=epochs, batch_size=batch_size, lr=1e-3, mean_lr=0.02,
         x_val=xv, y_val=yv, eval_every=max(1, epochs // 50), generator=gen,
         show_progress=config.show_progress,
     )  # fmt: skip
     temperature = model.calibrate_temperature(likelihood, xv, yv)
     mean, var = model.predict(likelihood, split.test_x.to(config.device))
-    best = min(range(len(history["val_nll"])), key=history["val_nll"].__getitem__)
     info = {
         "temperature": temperature,
-        "final_w2": history["w2"][-1],
-        "best_epoch": history["val_epoch"][best],
+        "final_w2": result.history["w2"][-1],
+        "best_epoch": result.best_step,
         "epochs": epochs,
         "noise": float(likelihood.noise.detach()),
+        "fit_problems": list(model.prior_fit_result.problems) + list(result.problems),
     }
     return Prediction(mean=mean.cpu(), variance=var.cpu(), info=info)
 

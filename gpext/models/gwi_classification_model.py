@@ -87,7 +87,9 @@ class GWIClassificationModel(GWIModel):
             num_classes: ``J``.
             num_inducing: ``M`` (default ``ceil(sqrt(N))``).
             prior_points: Subset size of the prior fit.
-            prior_steps: Adam steps of the prior fit.
+            prior_steps: L-BFGS iterations per start of the prior fit
+                (:func:`~gpext.models.gwi_model.fit_exact_prior`; its
+                :class:`~gpext.fit.FitResult` is stored as ``model.prior_fit_result``).
             mean_module: Custom :math:`m_Q` returning ``(J, N)``.
             image_shape: ``(C, H, W)`` of flattened image inputs (selects the CNN mean).
             epsilon: Robust-max error probability (0.01 as in Wild et al. 2022).
@@ -129,19 +131,16 @@ class GWIClassificationModel(GWIModel):
                     f"{tuple(x.shape)}, {tuple(y.shape)}",
                 )
             )
-        check_finite(x, "x")
+        check_finite(x, "GWIClassificationModel.from_data: x")
         _check_inducing_choice(inducing)
-        y = check_labels(y, j, "y").to(x.device)
+        check_finite(y, "GWIClassificationModel.from_data: y")
+        y = check_labels(y, j, "GWIClassificationModel.from_data: y").to(x.device)
         n, d = x.shape
         onehot = torch.nn.functional.one_hot(y, j).to(x) - 1.0 / j
-        _, kernel, noise = fit_exact_prior(
-            x,
-            onehot,
-            max_points=prior_points,
-            steps=prior_steps,
-            generator=generator,
-            show_progress=show_progress,
-        )
+        _, kernel, noise, prior_fit = fit_exact_prior(
+            x, onehot, max_points=prior_points, steps=prior_steps, generator=generator,
+            show_progress=show_progress, return_result=True,
+        )  # fmt: skip
         if prior_outputscale is not None:
             # robust max only compares latents (argmax), so the prior's scale is free; the fit
             # on one-hot labels gives a variance of about 0.1, a probit width so narrow that
@@ -167,8 +166,14 @@ class GWIClassificationModel(GWIModel):
         ).to(x)  # fmt: skip
         sub = x[torch.randperm(n, generator=generator)[:prior_points].to(x.device)]
         model.variational_strategy.initialize_from_data(sub, noise * sub.shape[0] / n)
+        model.prior_fit_result = prior_fit
         likelihood = RobustMaxLikelihood(j, epsilon=epsilon).to(x)
         return model, likelihood
+
+    def _check_targets(self, y: torch.Tensor, name: str) -> torch.Tensor:
+        """Labels: finite, whole numbers in ``[0, J)`` (returned as ``long``)."""
+        check_finite(y, name)
+        return check_labels(y, self.num_latents, name).to(y.device)
 
     def predict_proba(self, likelihood, x: torch.Tensor, *, batch_size: int = 1024) -> torch.Tensor:
         r"""Tempered robust-max class probabilities (003 section 2.2).

@@ -584,14 +584,15 @@ class GWIModel(gpytorch.models.ApproximateGP):
         w2_counts: list[int] = []
 
         def batches(epoch: int) -> list[torch.Tensor]:
-            w2_sums.append(torch.zeros((), dtype=torch.float64))
+            w2_sums.append(torch.zeros((), dtype=torch.float64, device=x.device))
             w2_counts.append(0)
             return minibatch_indices(n, batch_size, generator=generator, device=x.device,
                                      min_size=2)  # fmt: skip
 
         def loss_fn(idx: torch.Tensor) -> torch.Tensor:
             loss = -mll(self(x[idx]), y[idx])
-            w2_sums[-1] = w2_sums[-1] + self.variational_strategy.kl_divergence().detach().cpu()
+            w2 = self.variational_strategy.kl_divergence().detach()
+            w2_sums[-1] = w2_sums[-1] + w2.to(torch.float64).sum()
             w2_counts[-1] += 1
             return loss
 

@@ -20,6 +20,7 @@ import gpytorch
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.fit import check_explained_variance, check_predictions_vary
 from gpext.models.gwi_model import (
     GWIModel,
     _check_inducing_choice,
@@ -84,7 +85,9 @@ class GWIRegressionModel(GWIModel):
             y: Training targets. # shape: (N,)
             num_inducing: ``M`` (default ``ceil(sqrt(N))``).
             prior_points: Subset size of the exact-GP prior fit.
-            prior_steps: Adam steps of the prior fit.
+            prior_steps: L-BFGS iterations per start of the prior fit
+                (:func:`~gpext.models.gwi_model.fit_exact_prior`; its
+                :class:`~gpext.fit.FitResult` is stored as ``model.prior_fit_result``).
             mean_module: Variational mean; overrides ``mean``.
             mean: ``"kernel+network"`` (default: :math:`m_P(x) + k_m(x, C) L_C^{-\top} u + g(x)`
                 with centres ``C`` starting at ``Z``, :math:`L_C L_C^\top = K_{m,CC} + \delta I`
@@ -119,7 +122,8 @@ class GWIRegressionModel(GWIModel):
 
         Raises:
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
-            InputDataError: If ``mean`` or ``inducing`` is not one of the listed options.
+            InputDataError: If ``mean`` or ``inducing`` is not one of the listed options, or
+                ``x`` or ``y`` has NaN or infinite entries.
         """
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
@@ -129,18 +133,14 @@ class GWIRegressionModel(GWIModel):
                     f"{tuple(x.shape)}, {tuple(y.shape)}",
                 )
             )
-        check_finite(x, "x")
+        check_finite(x, "GWIRegressionModel.from_data: x")
         _check_inducing_choice(inducing)
-        check_finite(y, "y")
+        check_finite(y, "GWIRegressionModel.from_data: y")
         n = x.shape[0]
-        prior_mean, kernel, noise = fit_exact_prior(
-            x,
-            y,
-            max_points=prior_points,
-            steps=prior_steps,
-            generator=generator,
-            show_progress=show_progress,
-        )
+        prior_mean, kernel, noise, prior_fit = fit_exact_prior(
+            x, y, max_points=prior_points, steps=prior_steps, generator=generator,
+            show_progress=show_progress, return_result=True,
+        )  # fmt: skip
         idx = _inducing_indices(x, kernel, num_inducing, inducing, generator)
         if mean_module is None and mean != "network":
             if mean not in ("kernel", "kernel+network"):
@@ -161,6 +161,7 @@ class GWIRegressionModel(GWIModel):
         model.variational_strategy.initialize_from_data(sub, noise * sub.shape[0] / n)
         if isinstance(model.variational_strategy.mean_module, _KernelExpansionMean):
             model.variational_strategy.mean_module.initialize_posterior(x, y, noise)
+        model.prior_fit_result = prior_fit
         likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x)
         likelihood.noise = max(noise, 1e-4)
         return model, likelihood
@@ -191,6 +192,31 @@ class GWIRegressionModel(GWIModel):
                 means.append(q.mean)
                 variances.append(self.temperature * (q.variance.clamp_min(0) + likelihood.noise))
         return torch.cat(means), torch.cat(variances)
+
+    #: Training points on which :meth:`fit` checks the predictions (an evenly spaced subset).
+    check_points: int = 1000
+
+    def _check_fit(self, likelihood, x, y, result) -> None:
+        r"""Warn about a degenerate fit: constant predictive means, little explained variance.
+
+        On (an evenly spaced subset of at most :attr:`check_points` of) the training inputs,
+        :func:`gpext.fit.check_predictions_vary` (the spread of :math:`m_Q` against that of
+        ``y``) and :func:`gpext.fit.check_explained_variance` (:math:`R^2` of :math:`m_Q`
+        against ``y``, with the learned noise in the message); the problems are recorded in
+        ``result.problems``.
+        """
+        n = x.shape[0]
+        idx = torch.linspace(0, n - 1, min(n, self.check_points), device=x.device).long()
+        self.eval()
+        with torch.no_grad():
+            mean = torch.cat([self(xb).mean for xb in x[idx].split(2048)])
+        name = f"{type(self).__name__}.fit"
+        # stacklevel 4: _record -> check -> _check_fit -> fit -> the caller of fit
+        check_predictions_vary(mean, y[idx], name=name, result=result, stacklevel=4)
+        check_explained_variance(
+            mean, y[idx], float(likelihood.noise.detach().mean()), name=name, result=result,
+            stacklevel=4,
+        )  # fmt: skip
 
     def _predictive_cache(self, likelihood, x):
         q = self(x)

@@ -6,10 +6,13 @@
 * :class:`HeteroscedasticMLP`: MLP regressor with a heteroscedastic Gaussian output.
 * :class:`ClassifierMLP`: MLP classifier (logits), optionally with batch norm.
 * :class:`SpectralNormalizedMLP`: bi-Lipschitz residual MLP (distance-aware features).
+* :class:`InputAugmentedEmbedding`: a network's features with the inputs appended (distance
+  aware without constraining the network).
 """
 
 from gpext.nn.classifier_mlp import ClassifierMLP
 from gpext.nn.heteroscedastic_mlp import HeteroscedasticMLP
+from gpext.nn.input_augmented_embedding import InputAugmentedEmbedding
 from gpext.nn.mlp import MLP
 from gpext.nn.set_encoder import SetEncoder
 from gpext.nn.small_cnn import SmallCNN
@@ -18,6 +21,7 @@ from gpext.nn.spectral_normalized_mlp import SpectralNormalizedMLP
 __all__ = [
     "ClassifierMLP",
     "HeteroscedasticMLP",
+    "InputAugmentedEmbedding",
     "MLP",
     "SetEncoder",
     "SmallCNN",

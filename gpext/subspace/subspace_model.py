@@ -321,7 +321,7 @@ class SubspaceModel(nn.Module):
                     n, bs, generator=generator, device=x.device, min_size=max(1, bs // 2)
                 )
 
-        opt = torch.optim.Adam(white.parameters(), lr=lr)
+        opt = torch.optim.Adam(white.parameters(), lr=lr, betas=(0.9, 0.99))
         try:
             result = train_loop(
                 neg_elbo,
