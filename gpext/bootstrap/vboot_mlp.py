@@ -18,7 +18,12 @@ from gpext.bootstrap._targets import (
 from gpext.bootstrap.ensemble_mlp import EnsembleMLP
 from gpext.bootstrap.rbf_hyperparameters import fit_rbf_hyperparameters
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
-from gpext.fit import FitResult, train_loop
+from gpext.fit import (
+    FitResult,
+    check_explained_variance,
+    check_predictions_vary,
+    train_loop,
+)
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
 
@@ -285,9 +290,20 @@ class VBootMLP(torch.nn.Module):
         ).to(x)
         y_pert = (targets - offset) + eps * noise.sqrt()  # shape: (K, N, C)
         del eps
-        return self._train(
+        result = self._train(
             x, y_pert, prec, anchors, num_epochs, batch_size, lr, cosine_decay, show_progress
         )
+        # degenerate-fit check on (up to 2048) training points: the particle mean must vary
+        # and, for regression, explain some of the targets' variance
+        with torch.no_grad():
+            sub = slice(0, min(n, 2048))
+            mean = self(x[sub]).mean(0)  # shape: (M, C)
+        check_predictions_vary(mean, targets[sub], name="VBootMLP", result=result, stacklevel=3)
+        if self.task == "regression":
+            check_explained_variance(mean, targets[sub], name="VBootMLP", result=result,
+                                     stacklevel=3)  # fmt: skip
+        self.fit_result_ = result
+        return result
 
     def _train(
         self,

@@ -131,7 +131,8 @@ def check_explained_variance(
 ) -> bool:
     r"""Warn when a model explains less than ``threshold`` of its training targets' variance.
 
-    :math:`R^2 = 1 - \overline{(y - \hat y)^2} / \operatorname{Var}(y)`; a model whose learned
+    :math:`R^2 = 1 - \overline{(y - \hat y)^2} / \operatorname{Var}(y)` (per output; the smallest
+    counts); a model whose learned
     noise holds (nearly) all of the variance while :math:`R^2 <` ``threshold`` has collapsed to
     the mean.
 
@@ -150,12 +151,17 @@ def check_explained_variance(
     Warns:
         VarianceCollapseWarning: When :math:`R^2 <` ``threshold``.
     """
-    p = predictions.detach().to(torch.float64).reshape(-1)
-    t = targets.detach().to(torch.float64).reshape(-1)
-    var = float(t.var()) if t.numel() > 1 else 0.0
-    if var <= 0:
+    p = predictions.detach().to(torch.float64).reshape(predictions.shape[0], -1)
+    t = targets.detach().to(torch.float64).reshape(targets.shape[0], -1)
+    if t.shape[0] < 2:
         return True
-    r2 = 1.0 - float((t - p).pow(2).mean()) / var
+    var_all = t.var(0)
+    live = var_all > 0
+    if not bool(live.any()):
+        return True
+    r2_cols = 1.0 - (t - p).pow(2).mean(0)[live] / var_all[live]
+    r2 = float(r2_cols.min())
+    var = float(var_all[live].mean())
     if r2 >= threshold:
         return True
     extra = (
