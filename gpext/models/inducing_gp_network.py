@@ -16,7 +16,7 @@ from gpext.errors import (
     VarianceCollapseWarning,
     expected_got,
 )
-from gpext.fit import FitResult, minibatch_indices, train_loop
+from gpext.fit import FitResult, check_predictions_vary, minibatch_indices, train_loop
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
     as_float_tensor,
@@ -431,8 +431,10 @@ class InducingGPNetwork(gpytorch.Module):
                 the validation NLL on digits, and the probit tasks have no closed form.
             generator: Random generator for initialisation, the hold-out and shuffling.
             show_progress: Progress bar (``None``: only on a terminal).
-            check_fit: For ``task="regression"``, check the fit for a collapse to the mean
-                (:meth:`check_fit`) and warn if there is one.
+            check_fit: Check the fit: for ``task="regression"`` for a collapse to the mean
+                (:meth:`check_fit`), for the classification tasks for class probabilities
+                that are constant over the training inputs
+                (:func:`gpext.fit.check_predictions_vary`); warn if so.
 
         Returns:
             The :class:`~gpext.fit.FitResult` of :func:`gpext.fit.train_loop` (``losses``:
@@ -511,12 +513,15 @@ class InducingGPNetwork(gpytorch.Module):
         if refit_pseudo_labels:
             self.refit_pseudo_labels(x, y)
         self.eval()
-        if (
-            check_fit
-            and self.task == "regression"
-            and not self.check_fit(x, y, generator=generator)
-        ):
-            result.add_problem(VarianceCollapseWarning.__name__)
+        if check_fit and self.task == "regression":
+            if not self.check_fit(x, y, generator=generator):
+                result.add_problem(VarianceCollapseWarning.__name__)
+        elif check_fit:
+            sub = slice(0, min(y.shape[0], 2048))
+            probs = self.predict_proba(x[sub], num_samples=64, generator=generator)
+            onehot = torch.nn.functional.one_hot(y[sub], probs.shape[-1]).to(probs)
+            check_predictions_vary(probs, onehot, name="InducingGPNetwork", result=result,
+                                   stacklevel=3)  # fmt: skip
         self.fit_result_ = result
         return result
 
