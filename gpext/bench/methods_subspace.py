@@ -799,7 +799,6 @@ def _subspace_method(
             num_steps=config.budget(200, 400),
             lr=2e-2,
             batch_size=VI_BATCH_SIZE,
-            init_std=0.05,
             generator=gen,
             show_progress=config.show_progress,
         )
