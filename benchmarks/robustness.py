@@ -465,7 +465,12 @@ def main(argv=None) -> int:
     p.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=PROBLEMS)
     p.add_argument("--models", nargs="+", default=list(REG_MODELS + CLS_MODELS),
                    choices=REG_MODELS + CLS_MODELS)  # fmt: skip
+    p.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                   help="merge the rows of earlier runs (e.g. parallel runs over disjoint "
+                   "problems) into one results file instead of running")  # fmt: skip
     args = p.parse_args(argv)
+    if args.combine:
+        return _combine(args)
     torch.set_num_threads(1)
     seeds = args.seeds or (2 if args.quick else 10)
     digit_seeds = args.digits_seeds or (1 if args.quick else 3)
@@ -521,6 +526,29 @@ def main(argv=None) -> int:
     command = "python benchmarks/robustness.py" + (" " + " ".join(argv) if argv else
                                                     " " + " ".join(sys.argv[1:]))  # fmt: skip
     write_results("robustness", rows, out_dir(args), command=command.strip(),
+                  extra={"goals": goals, "per_seed": per_seed},
+                  title="Robustness of default fits", markdown_skip=("per_seed",))  # fmt: skip
+    print(f"[robustness] goals: {goals}", flush=True)
+    return 0
+
+
+def _combine(args) -> int:
+    import json
+
+    rows, per_seed, commands = [], {}, []
+    seen = set()
+    for path in args.combine:
+        data = json.loads(Path(path).read_text())
+        for row in data["rows"]:  # a baseline rerun in a later file is dropped
+            if (row["dataset"], row["method"]) not in seen:
+                seen.add((row["dataset"], row["method"]))
+                rows.append(row)
+        per_seed.update(data.get("per_seed", {}))
+        commands.append(data["command"])
+    order = {p: i for i, p in enumerate(PROBLEMS)}
+    rows.sort(key=lambda r: order.get(r["dataset"], len(order)))
+    goals = _goals(rows)
+    write_results("robustness", rows, out_dir(args), command=" ; ".join(commands),
                   extra={"goals": goals, "per_seed": per_seed},
                   title="Robustness of default fits", markdown_skip=("per_seed",))  # fmt: skip
     print(f"[robustness] goals: {goals}", flush=True)

@@ -32,6 +32,7 @@ from gpext.fit.exact_gp import (
     diagnose_exact_gp,
     fit_exact_gp,
     lengthscale_prior,
+    log_prior,
 )
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
@@ -56,6 +57,7 @@ __all__ = [
     "diagnose_exact_gp",
     "fit_exact_gp",
     "lengthscale_prior",
+    "log_prior",
     "minibatch_indices",
     "minimize_lbfgs",
     "train_loop",

@@ -39,6 +39,7 @@ __all__ = [
     "diagnose_exact_gp",
     "fit_exact_gp",
     "lengthscale_prior",
+    "log_prior",
 ]
 
 KERNELS = ("rbf", "matern12", "matern32", "matern52")
@@ -194,14 +195,39 @@ def build_exact_gp(
     return model
 
 
+def log_prior(module: torch.nn.Module) -> torch.Tensor:
+    r"""Sum of the log densities of every prior registered on ``module`` (each counted once).
+
+    A value on the boundary of a prior's support (an outputscale that underflowed to 0 at a
+    trial point of a line search) is moved just inside it, so the density is very small
+    instead of the evaluation raising.
+
+    Args:
+        module: A GPyTorch module with priors (``named_priors``).
+
+    Returns:
+        A scalar tensor (0 without priors).
+    """
+    total = None
+    for _, mod, prior, closure, _ in module.named_priors():
+        value = closure(mod)
+        support = getattr(prior, "support", None)
+        lower = getattr(support, "lower_bound", None)
+        if lower is not None:
+            value = value.clamp_min(float(lower) + torch.finfo(value.dtype).tiny)
+        term = prior.log_prob(value).sum()
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros(())
+    return total
+
+
 def _map_loss(model: gpytorch.models.ExactGP) -> torch.Tensor:
     """Negative log posterior of the hyperparameters per target value."""
     x = model.train_inputs[0]
     y = model.train_targets
     out = model.likelihood(model(x))
-    total = out.log_prob(y).sum()
-    for _, module, prior, closure, _ in model.named_priors():
-        total = total + prior.log_prob(closure(module)).sum()
+    total = out.log_prob(y).sum() + log_prior(model).to(y)
     return -total / y.numel()
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 import time
 
 import gpytorch
@@ -17,6 +16,7 @@ from gpext.fit import (
     check_predictions_vary,
     check_signal_to_noise,
     lengthscale_prior,
+    log_prior,
     minimize_lbfgs,
 )
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
@@ -26,7 +26,6 @@ from gpext.utils import (
     check_finite,
     check_labels,
     check_positive_int,
-    progress_bar,
 )
 
 __all__ = ["DirichletGPClassifier"]
@@ -228,10 +227,7 @@ class DirichletGPClassifier(gpytorch.Module):
         n_fit = x.shape[0]
 
         def closure():
-            loss = self._loss()
-            for _, module, prior, get, _ in self.named_priors():
-                loss = loss - prior.log_prob(get(module)).sum() / n_fit
-            return loss
+            return self._loss() - log_prior(self).to(x) / n_fit
 
         try:
             result = minimize_lbfgs(

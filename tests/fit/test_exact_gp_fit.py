@@ -106,3 +106,28 @@ def test_checks_warn_and_record():
     assert r.problems == ["VarianceCollapseWarning", "ConstantPredictionWarning"]
     assert check_signal_to_noise(1.0, 0.1, name="m")
     assert check_predictions_vary(torch.arange(5.0), torch.arange(5.0), name="m")
+
+
+def test_log_prior_at_an_underflowed_value_is_finite_not_an_error():
+    """A line-search trial point with outputscale softplus(-1000) = 0 raised ValueError."""
+    from gpext.fit import log_prior
+
+    x, y = _data()
+    model = build_exact_gp(x, y)
+    with torch.no_grad():
+        model.covar_module.raw_outputscale.fill_(-1000.0)
+    assert float(model.covar_module.outputscale) == 0.0
+    value = log_prior(model)
+    assert torch.isfinite(value) and float(value) < -1e4
+
+
+def test_gap_toy_that_crashed_the_fit_now_fits():
+    """1-D gap toy of benchmarks/robustness.py (seed 2): the fit raised ValueError before."""
+    gen = torch.Generator().manual_seed(1002)
+    side = torch.randint(0, 2, (300,), generator=gen).double()
+    x = ((torch.rand(300, generator=gen, dtype=torch.float64) * 4 + 2) * (2 * side - 1))[:, None]
+    y = torch.sin(x[:, 0]) + 0.15 * torch.randn(300, generator=gen, dtype=torch.float64)
+    x, y = (x - x.mean()) / x.std(), (y - y.mean()) / y.std()
+    model = build_exact_gp(x, y)
+    res = fit_exact_gp(model, generator=torch.Generator().manual_seed(2))
+    assert res.ok and res.stop_reason == StopReason.CONVERGED
