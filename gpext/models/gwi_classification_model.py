@@ -117,8 +117,8 @@ class GWIClassificationModel(GWIModel):
 
         Raises:
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
-            InputDataError: If ``inducing`` is not ``"greedy"`` or ``"random"``, or the labels
-                are out of range.
+            InputDataError: If ``inducing`` is not ``"greedy"`` or ``"random"``, the labels
+                are out of range, or ``x`` or ``y`` has NaN or infinite entries.
         """
         from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
 

@@ -59,3 +59,21 @@ def test_bad_arguments():
     )
     with pytest.raises(InputTypeError, match="WassersteinVariationalStrategy"):
         GWIObjective(lik, svgp_like, num_data=10)
+
+
+def test_beta_zero_is_the_expected_log_likelihood_alone():
+    torch.manual_seed(0)
+    x = torch.randn(30, 2, dtype=torch.float64)
+    y = torch.sin(2 * x[:, 0])
+    model = _GWI(x[:6].clone()).double()
+    lik = gpytorch.likelihoods.GaussianLikelihood().double()
+    model.train()
+    out = model(x)
+    value = GWIObjective(lik, model, num_data=300, beta=0.0)(out, y)
+    s2 = lik.noise
+    ell = -0.5 * ((y - out.mean) ** 2 + out.variance) / s2 - 0.5 * torch.log(2 * torch.pi * s2)
+    assert model.variational_strategy.kl_divergence() > 0
+    assert torch.allclose(value, ell.mean(), atol=1e-10, rtol=1e-10)
+    for bad in (float("nan"), float("inf"), True):
+        with pytest.raises(InputDataError, match="beta"):
+            GWIObjective(lik, model, num_data=10, beta=bad)

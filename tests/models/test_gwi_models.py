@@ -212,14 +212,12 @@ class TestGWIModelParts:
         gen = torch.Generator().manual_seed(self.seed)
         x = torch.randn(60, 2, generator=gen, dtype=torch.float64)
         y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-        # prior_steps are L-BFGS iterations per start (from the prior medians, far from the
-        # optimum here): 50 let the one-hot fit converge
         kept, _ = GWIClassificationModel.from_data(
-            x, y, 3, prior_steps=50, prior_outputscale=None,
+            x, y, 3, prior_steps=10, prior_outputscale=None,
             generator=torch.Generator().manual_seed(0),
         )  # fmt: skip
         scaled, _ = GWIClassificationModel.from_data(
-            x, y, 3, prior_steps=50, generator=torch.Generator().manual_seed(0)
+            x, y, 3, prior_steps=10, generator=torch.Generator().manual_seed(0)
         )
         ls = kept.covar_module.base_kernel.lengthscale
         assert float(kept.covar_module.outputscale) < 0.5  # the one-hot fit: about 0.1
@@ -406,3 +404,124 @@ class TestKernelMeanExtrapolation:
             # decays with the kernel: below 0.01 at 5 lengthscales beyond the centres
             far = (grid[:, 0] < cmin - 5 * ls) | (grid[:, 0] > cmax + 5 * ls)
             assert bool(far.any()) and float(part[far].abs().max()) < 0.01
+
+
+class TestTrustworthyFits:
+    """Input validation before training, ``beta``, degenerate-fit checks, the prior fit."""
+
+    seed = 3
+
+    @staticmethod
+    def _state(model, lik):
+        return [t.detach().clone() for t in (*model.state_dict().values(), *lik.parameters())]
+
+    def test_nonfinite_data_raise_before_any_parameter_moves(self):
+        # Regression test: a NaN target used to train silently, filling the model with NaN,
+        # and a later predict failed with an unrelated jitter error.
+        x, y, gen = _regression_data(torch.float64, n=80, seed=self.seed)
+        model, lik = GWIRegressionModel.from_data(x, y, num_inducing=8, prior_steps=20)
+        before = self._state(model, lik)
+        bad_y = y.clone()
+        bad_y[5] = float("nan")
+        with pytest.raises(InputDataError, match="finite"):
+            model.fit(lik, x, bad_y, epochs=2, batch_size=20, generator=gen)
+        # an infinite input in the last minibatch used to fail only after earlier batches
+        # had already moved the parameters
+        bad_x = x.clone()
+        bad_x[-1, 0] = float("inf")
+        with pytest.raises(InputDataError, match="finite"):
+            model.fit(lik, bad_x, y, epochs=2, batch_size=20, generator=gen)
+        with pytest.raises(InputDataError, match="y_val"):
+            model.fit(lik, x, y, epochs=1, x_val=x[5:10], y_val=bad_y[5:10])
+        after = self._state(model, lik)
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+        model.fit(lik, x, y, epochs=1, batch_size=40, generator=gen)
+        mean, var = model.predict(lik, x[:10])
+        assert bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())
+
+    def test_nonfinite_labels_raise_input_data_error(self):
+        pytest.importorskip("gpext.likelihoods.robust_max_likelihood")
+        gen = torch.Generator().manual_seed(self.seed)
+        x = torch.randn(40, 2, generator=gen, dtype=torch.float64)
+        y = (x[:, 0] > 0).long()
+        model, lik = GWIClassificationModel.from_data(x, y, 2, prior_steps=5, generator=gen)
+        bad = y.double()
+        bad[3] = float("nan")
+        with pytest.raises(InputDataError, match="finite"):
+            model.fit(lik, x, bad, epochs=1)
+        with pytest.raises(InputDataError, match="finite"):
+            GWIClassificationModel.from_data(x, bad, 2, prior_steps=1)
+        with pytest.raises(InputDataError):
+            model.fit(lik, x, y + 5, epochs=1)  # labels out of range
+
+    def test_beta_weights_the_w2_term(self):
+        x, y, _ = _regression_data(torch.float64, n=60, seed=self.seed)
+
+        def fit(beta):
+            torch.manual_seed(self.seed)  # the network mean's initial weights
+            gen = torch.Generator().manual_seed(self.seed)
+            model, lik = GWIRegressionModel.from_data(
+                x, y, num_inducing=6, prior_steps=20, generator=gen
+            )
+            # lr 0: the state does not move, so both fits see the same W2 (N_S >= N: no
+            # subsampling) and differ only by beta
+            return model.fit(lik, x, y, epochs=1, batch_size=60, lr=0.0, mean_lr=0.0, beta=beta)
+
+        res0, res2 = fit(0.0), fit(2.0)
+        w2 = res2.history["w2"][0]
+        assert w2 > 0 and res0.history["w2"][0] == pytest.approx(w2)
+        assert res2.losses[0] - res0.losses[0] == pytest.approx(2.0 * w2 / 60, rel=1e-6)
+        model, lik = GWIRegressionModel.from_data(x, y, num_inducing=6, prior_steps=1)
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(InputDataError, match="beta"):
+                model.fit(lik, x, y, epochs=1, beta=bad)
+
+    def test_constant_predictions_are_reported(self):
+        import gpytorch
+
+        x, y, gen = _regression_data(torch.float64, n=80, seed=self.seed)
+        model, lik = GWIRegressionModel.from_data(
+            x, y, num_inducing=8, prior_steps=20, mean_module=gpytorch.means.ConstantMean(),
+            generator=gen,
+        )  # fmt: skip
+        with pytest.warns(ConstantPredictionWarning, match="nearly constant"):
+            res = model.fit(lik, x, y, epochs=2, batch_size=40, generator=gen)
+        assert "ConstantPredictionWarning" in res.problems
+        assert "VarianceCollapseWarning" in res.problems and not res.ok
+
+    def test_fit_exact_prior_is_a_map_fit_of_the_shared_engine(self, monkeypatch):
+        from gpext.models import gwi_model
+
+        x, y, _ = _regression_data(torch.float64, n=160, seed=self.seed)
+        mean, kernel, noise, res = gwi_model.fit_exact_prior(
+            x, y, num_restarts=3, generator=torch.Generator().manual_seed(0), return_result=True
+        )
+        assert isinstance(res, FitResult) and len(res.restarts) == 3 and res.problems == []
+        # y = sin(2x) + 0.1 eps: noise variance 0.01, lengthscale of order 1
+        assert 0.005 < noise < 0.02
+        assert 0.3 < float(kernel.base_kernel.lengthscale) < 2.0
+        assert not any(p.requires_grad for p in (*mean.parameters(), *kernel.parameters()))
+        assert list(kernel.named_priors()) == []  # the priors stay with the fit
+        three = gwi_model.fit_exact_prior(x, y, steps=5, num_restarts=1)
+        assert len(three) == 3 and isinstance(three[2], float)
+        # multi-output: one noise per output; the lengthscales start at the median pairwise
+        # distance
+        seen = {}
+        real = gwi_model.fit_exact_gp
+
+        def spy(model, **kwargs):
+            seen["lengthscale"] = model.covar_module.base_kernel.lengthscale.detach().clone()
+            seen["noise_shape"] = tuple(model.likelihood.noise.shape)
+            return real(model, **kwargs)
+
+        monkeypatch.setattr(gwi_model, "fit_exact_gp", spy)
+        gen = torch.Generator().manual_seed(self.seed)
+        x2 = torch.randn(50, 3, generator=gen, dtype=torch.float64)
+        y2 = torch.nn.functional.one_hot((x2[:, 0] > 0).long(), 2).double() - 0.5
+        mean2, kernel2, noise2 = gwi_model.fit_exact_prior(x2, y2, ard=False, steps=5)
+        assert seen["noise_shape"][0] == 2 and isinstance(noise2, float)
+        assert float(seen["lengthscale"]) == pytest.approx(float(torch.pdist(x2).median()))
+        assert kernel2.base_kernel.lengthscale.numel() == 1 and mean2.constant.shape == (2,)
+        _, kernel3, _ = gwi_model.fit_exact_prior(x2, y2, steps=5)  # ARD (D <= 50)
+        assert kernel3.base_kernel.lengthscale.numel() == 3
+        assert torch.allclose(seen["lengthscale"], torch.pdist(x2).median().expand(1, 3))
