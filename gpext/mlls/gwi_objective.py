@@ -79,7 +79,7 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
             raise InputDataError(
                 expected_got("GWIObjective.num_data", "a positive int", repr(num_data))
             )
-        beta = check_beta(beta, "GWIObjective.beta")
+        beta = _check_beta(beta, "GWIObjective.beta")
         super().__init__(likelihood, model, num_data, beta=beta, combine_terms=combine_terms)
 
     def _log_likelihood_term(
@@ -116,7 +116,7 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
         return ell, w2, log_prior
 
 
-def check_beta(beta: object, name: str = "beta") -> float:
+def _check_beta(beta: object, name: str = "beta") -> float:
     """Return ``beta`` as a float after checking that it is a finite number ``>= 0``.
 
     Raises:

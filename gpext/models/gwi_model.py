@@ -28,7 +28,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
 from gpext.fit import FitResult, build_exact_gp, fit_exact_gp, minibatch_indices, train_loop
 from gpext.mlls import GWIObjective
-from gpext.mlls.gwi_objective import check_beta
+from gpext.mlls.gwi_objective import _check_beta
 from gpext.utils import check_finite, check_positive_int
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
 from gpext.variational.wasserstein_distance import safe_cholesky
@@ -562,7 +562,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         eval_every = check_positive_int(eval_every, "eval_every")
         if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):
             raise InputDataError(expected_got("mean_lr", "a learning rate >= 0 or None", mean_lr))
-        beta = check_beta(beta, f"{type(self).__name__}.fit: beta")
+        beta = _check_beta(beta, f"{type(self).__name__}.fit: beta")
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(
