@@ -1,8 +1,11 @@
-"""RBF-kernel hyperparameters fitted once, by an exact GP on a data subset, before bootstrapping.
+"""Kernel hyperparameters fitted once, by an exact GP on a data subset, before bootstrapping.
 
 The fit itself is :func:`gpext.fit.fit_exact_gp` (MAP under dimension-scaled default priors,
-several starts, L-BFGS with rejected trial points, an Adam fallback, degenerate-fit checks);
-this module only chooses the subset and returns the values in the form VBoot needs.
+several starts, L-BFGS with rejected trial points, an Adam fallback, degenerate-fit checks) of
+the exact RBF or Matern kernel; this module only chooses the subset and returns the values in
+the form VBoot needs.  ``fit_rbf_hyperparameters`` and ``RBFHyperparameters`` are the former
+names of :func:`fit_kernel_hyperparameters` and :class:`KernelHyperparameters`, kept as aliases
+(the default kernel is still the RBF).
 """
 
 from __future__ import annotations
@@ -15,12 +18,21 @@ from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.fit import FitResult, build_exact_gp, fit_exact_gp
 from gpext.utils import check_finite, check_positive_int
 
-__all__ = ["RBFHyperparameters", "fit_rbf_hyperparameters"]
+__all__ = [
+    "KERNEL_NAMES",
+    "KernelHyperparameters",
+    "RBFHyperparameters",
+    "fit_kernel_hyperparameters",
+    "fit_rbf_hyperparameters",
+]
+
+#: Names of the stationary kernels whose hyperparameters can be fitted (Matern nu = 1/2, 3/2, 5/2).
+KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52")
 
 
 @dataclass
-class RBFHyperparameters:
-    """Hyperparameters of ``m_c + f_c``, ``f_c ~ GP(0, s * RBF_ell)`` shared by ``C`` outputs.
+class KernelHyperparameters:
+    """Hyperparameters of ``m_c + f_c``, ``f_c ~ GP(0, s * k_ell)`` shared by ``C`` outputs.
 
     Attributes:
         lengthscale: ARD lengthscales ``ell``.  # shape: (d,)
@@ -28,6 +40,7 @@ class RBFHyperparameters:
         mean: Constant prior mean per output.  # shape: (C,)
         noise: Gaussian noise variance (``None`` when the noise was given per point).
         fit_result: How the fit went (``None`` for given values).
+        kernel: The kernel ``k``, one of :data:`KERNEL_NAMES`.
     """
 
     lengthscale: torch.Tensor
@@ -35,13 +48,19 @@ class RBFHyperparameters:
     mean: torch.Tensor
     noise: float | None = None
     fit_result: FitResult | None = field(default=None, repr=False)
+    kernel: str = "rbf"
 
 
-def fit_rbf_hyperparameters(
+#: Former name of :class:`KernelHyperparameters`.
+RBFHyperparameters = KernelHyperparameters
+
+
+def fit_kernel_hyperparameters(
     x: torch.Tensor,
     targets: torch.Tensor,
     noise: torch.Tensor | None = None,
     *,
+    kernel: str = "rbf",
     num_points: int = 1000,
     num_iters: int = 100,
     num_restarts: int | None = None,
@@ -49,10 +68,11 @@ def fit_rbf_hyperparameters(
     fallback_iters: int = 300,
     lr: float = 0.05,
     generator: torch.Generator | None = None,
-) -> RBFHyperparameters:
-    r"""Fit a shared ARD RBF kernel, per-output constant means and (optionally) a noise level.
+) -> KernelHyperparameters:
+    r"""Fit a shared ARD kernel, per-output constant means and (optionally) a noise level.
 
-    Maximises the log posterior of ``C`` independent exact GPs that share one kernel,
+    Maximises the log posterior of ``C`` independent exact GPs that share one kernel
+    :math:`k_\ell` (the RBF or a Matern kernel),
 
     .. math::
         \sum_{c=1}^C \log \mathcal{N}(\mathbf{y}_c;\ m_c \mathbf{1},\
@@ -73,6 +93,8 @@ def fit_rbf_hyperparameters(
         targets: Targets, one column per output.  # shape: (N,) or (N, C)
         noise: Fixed per-point noise variances with the shape of ``targets``; ``None`` learns
             a single homoscedastic noise variance.
+        kernel: The exact kernel, one of :data:`KERNEL_NAMES` (``"matern32"`` is Matern with
+            nu = 3/2; the lengthscale prior is the same for all).
         num_points: Size of the random subset used for the fit.
         num_iters: L-BFGS iterations per start.
         num_restarts: Starts (the default values, then prior draws); ``None``: 4 for subsets
@@ -83,9 +105,10 @@ def fit_rbf_hyperparameters(
         generator: Random generator for the subset and the prior draws.
 
     Returns:
-        The fitted :class:`RBFHyperparameters` (``fit_result`` says how the fit went).
+        The fitted :class:`KernelHyperparameters` (``fit_result`` says how the fit went).
 
     Raises:
+        InputDataError: For an unknown kernel name or invalid settings.
         ShapeError: If shapes disagree.
         FitError: If every start and the fallback failed.
 
@@ -95,20 +118,26 @@ def fit_rbf_hyperparameters(
 
     Example:
         >>> x = torch.randn(100, 2, dtype=torch.float64)
-        >>> hp = fit_rbf_hyperparameters(x, x[:, 0].sin(), num_iters=10)
+        >>> hp = fit_kernel_hyperparameters(x, x[:, 0].sin(), kernel="matern52", num_iters=10)
         >>> hp.lengthscale.shape
         torch.Size([2])
     """
-    num_points = check_positive_int(num_points, "fit_rbf_hyperparameters.num_points")
-    num_iters = check_positive_int(num_iters, "fit_rbf_hyperparameters.num_iters")
-    fallback_iters = check_positive_int(fallback_iters, "fit_rbf_hyperparameters.fallback_iters")
+    name = "fit_kernel_hyperparameters"
+    if not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
+        raise InputDataError(
+            expected_got(f"{name}.kernel", f"one of {KERNEL_NAMES}", repr(kernel),
+                         "Matern kernels are 'matern12', 'matern32' and 'matern52'.")
+        )  # fmt: skip
+    num_points = check_positive_int(num_points, f"{name}.num_points")
+    num_iters = check_positive_int(num_iters, f"{name}.num_iters")
+    fallback_iters = check_positive_int(fallback_iters, f"{name}.fallback_iters")
     if not (isinstance(lr, (int, float)) and lr > 0):
-        raise InputDataError(expected_got("fit_rbf_hyperparameters.lr", "a number > 0", lr))
+        raise InputDataError(expected_got(f"{name}.lr", "a number > 0", lr))
     y = targets.unsqueeze(-1) if targets.dim() == 1 else targets
     if x.dim() != 2 or y.dim() != 2 or y.shape[0] != x.shape[0]:
         raise ShapeError(
             expected_got(
-                "fit_rbf_hyperparameters x/targets",
+                f"{name} x/targets",
                 "shapes (N, d) and (N,) or (N, C)",
                 f"{tuple(x.shape)} and {tuple(targets.shape)}",
             )
@@ -117,12 +146,10 @@ def fit_rbf_hyperparameters(
         noise = noise.unsqueeze(-1) if noise.dim() == 1 else noise
         if noise.shape != y.shape:
             raise ShapeError(
-                expected_got(
-                    "fit_rbf_hyperparameters.noise", f"shape {tuple(y.shape)}", tuple(noise.shape)
-                )
+                expected_got(f"{name}.noise", f"shape {tuple(y.shape)}", tuple(noise.shape))
             )
-    check_finite(x, "fit_rbf_hyperparameters.x")
-    check_finite(y, "fit_rbf_hyperparameters.targets")
+    check_finite(x, f"{name}.x")
+    check_finite(y, f"{name}.targets")
     n, c = y.shape
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     idx = torch.randperm(n, generator=generator)[: min(n, num_points)].to(x.device)
@@ -130,17 +157,22 @@ def fit_rbf_hyperparameters(
     if num_restarts is None:
         num_restarts = 4 if m <= 500 else 2
     model = build_exact_gp(
-        x[idx], y[idx], noise=None if noise is None else noise[idx], kernel="rbf", priors=priors
+        x[idx], y[idx], noise=None if noise is None else noise[idx], kernel=kernel, priors=priors
     )
     result = fit_exact_gp(
         model, num_restarts=num_restarts, max_iter=num_iters, fallback_iters=fallback_iters,
-        fallback_lr=lr, generator=generator, name="fit_rbf_hyperparameters",
+        fallback_lr=lr, generator=generator, name=name,
     )  # fmt: skip
     kern = model.covar_module
-    return RBFHyperparameters(
+    return KernelHyperparameters(
         lengthscale=kern.base_kernel.lengthscale.detach().reshape(-1).clone(),
         outputscale=float(kern.outputscale.detach()),
         mean=model.mean_module.constant.detach().reshape(-1).clone(),
         noise=None if noise is not None else float(model.likelihood.noise.detach().mean()),
         fit_result=result,
+        kernel=kernel,
     )
+
+
+#: Former name of :func:`fit_kernel_hyperparameters` (whose default kernel is the RBF).
+fit_rbf_hyperparameters = fit_kernel_hyperparameters

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gpytorch
 import torch
 
 from gpext.bootstrap._targets import (
@@ -15,9 +14,14 @@ from gpext.bootstrap._targets import (
     regression_targets,
 )
 from gpext.bootstrap.perturbed_map import solve_perturbed_map
-from gpext.bootstrap.rbf_hyperparameters import RBFHyperparameters, fit_rbf_hyperparameters
+from gpext.bootstrap.rbf_hyperparameters import (
+    KERNEL_NAMES,
+    KernelHyperparameters,
+    fit_kernel_hyperparameters,
+)
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
 from gpext.fit import FitResult, StopReason
+from gpext.kernels.random_fourier_features_kernel import RandomFourierFeaturesKernel
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
 
@@ -25,11 +29,13 @@ __all__ = ["VBootRFF"]
 
 
 class VBootRFF(torch.nn.Module):
-    r"""Variational-bootstrap ensemble of an RFF approximation of an RBF-kernel GP.
+    r"""Variational-bootstrap ensemble of an RFF approximation of an RBF- or Matern-kernel GP.
 
     The latent functions are ``f_c(x) = m_c + phi(x)^T w_c`` with the sine/cosine random
-    Fourier features of :class:`gpytorch.kernels.RFFKernel` (``num_features / 2`` frequencies,
-    ``phi(x)^T phi(x') ~ k_RBF(x, x')``) and the prior ``w_c ~ N(0, alpha^2 I)`` with
+    Fourier features of
+    :class:`~gpext.kernels.random_fourier_features_kernel.RandomFourierFeaturesKernel`
+    (``num_features / 2`` frequencies, ``phi(x)^T phi(x') ~ k(x, x')`` for the RBF kernel or a
+    Matern kernel with nu = 1/2, 3/2, 5/2) and the prior ``w_c ~ N(0, alpha^2 I)`` with
     ``alpha^2`` the kernel's output scale.  Each of the ``K`` particles of each output is the
     closed-form perturbed MAP of 001 Eq. (8),
 
@@ -53,10 +59,13 @@ class VBootRFF(torch.nn.Module):
 
     Hyperparameters (ARD lengthscales, output scale, per-output constant mean, regression noise)
     are taken from the arguments; the missing ones are fitted once, before bootstrapping, by
-    :func:`~gpext.bootstrap.fit_rbf_hyperparameters` on ``hyper_num_points`` training points.
+    :func:`~gpext.bootstrap.fit_kernel_hyperparameters` on ``hyper_num_points`` training
+    points, for the *exact* kernel that the features approximate (Matern features: exact
+    Matern hyperparameters).
 
     Args:
-        num_features: Number of random features ``D`` (even: ``D / 2`` frequencies).
+        num_features: Number of random features ``D`` (even: ``D / 2`` frequencies); default
+            5000, or ``2 * kernel.num_samples`` for a kernel instance.
         num_particles: Number of particles ``K`` per output.
         task: ``"regression"`` or ``"classification"``.
         num_classes: Number of classes ``C`` (required for classification).
@@ -71,9 +80,22 @@ class VBootRFF(torch.nn.Module):
             shrinks by ``(2 / C)^(1/3)`` so that the fit costs about as much as for two.
         hyper_iters: L-BFGS iterations per start of the hyperparameter fit.
         hyper_restarts: Starts of the hyperparameter fit (``None``: 4 on subsets of at most
-            500 points, else 2; see :func:`~gpext.bootstrap.fit_rbf_hyperparameters`).
+            500 points, else 2; see :func:`~gpext.bootstrap.fit_kernel_hyperparameters`).
         method: Solver of :func:`~gpext.bootstrap.solve_perturbed_map`.
         gram_memory: Bytes for cached group Gram matrices (see the solver).
+        kernel: The kernel the features approximate: ``"rbf"`` (default), ``"matern12"``,
+            ``"matern32"``, ``"matern52"``, or a
+            :class:`~gpext.kernels.random_fourier_features_kernel.RandomFourierFeaturesKernel`
+            whose ``base`` and ``num_samples`` are used, and its frequencies too when they are
+            already drawn (otherwise, as for a name, each :meth:`fit` draws new ones).  The instance is not modified:
+            its lengthscale, prior and ARD setting are ignored (the lengthscales are the
+            ``lengthscale`` argument or fitted, one per input); it must have no batch shape
+            and no active dimensions.
+
+    Raises:
+        InputDataError: For invalid settings (odd ``num_features``, unknown task or kernel
+            name, ``num_features`` disagreeing with a kernel instance, ...).
+        InputTypeError: If ``kernel`` is neither a name nor a ``RandomFourierFeaturesKernel``.
 
     Example:
         >>> x = torch.randn(200, 2, dtype=torch.float64)
@@ -86,7 +108,7 @@ class VBootRFF(torch.nn.Module):
 
     def __init__(
         self,
-        num_features: int = 5000,
+        num_features: int | None = None,
         num_particles: int = 50,
         *,
         task: str = "regression",
@@ -101,9 +123,21 @@ class VBootRFF(torch.nn.Module):
         hyper_restarts: int | None = None,
         method: str = "auto",
         gram_memory: int = 2**30,
+        kernel: str | RandomFourierFeaturesKernel = "rbf",
     ) -> None:
         super().__init__()
+        self.kernel_name, self._template_omega, template_features = _resolve_kernel(kernel)
+        if num_features is None:
+            num_features = template_features if template_features is not None else 5000
         self.num_features = check_positive_int(num_features, "VBootRFF.num_features", minimum=2)
+        if template_features is not None and self.num_features != template_features:
+            raise InputDataError(
+                expected_got(
+                    "VBootRFF.num_features",
+                    f"2 * kernel.num_samples = {template_features} for the kernel given",
+                    num_features, "Leave num_features out to take it from the kernel.",
+                )
+            )  # fmt: skip
         if self.num_features % 2:
             raise InputDataError(
                 expected_got(
@@ -132,18 +166,32 @@ class VBootRFF(torch.nn.Module):
             )
         if task == "classification":
             DirichletTransform(self.num_classes, alpha_epsilon)  # validates alpha_epsilon early
-        self.kernel: gpytorch.kernels.RFFKernel | None = None
-        self.hyperparameters: RBFHyperparameters | None = None
+        self.kernel: RandomFourierFeaturesKernel | None = None
+        self.hyperparameters: KernelHyperparameters | None = None
 
     # ------------------------------------------------------------------ state
-    def _build(self, d: int, c: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.kernel = gpytorch.kernels.RFFKernel(self.num_features // 2, ard_num_dims=d).to(
-            device=device, dtype=dtype
-        )
+    def _build(
+        self,
+        d: int,
+        c: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        generator: torch.Generator | None,
+        omega: torch.Tensor | None = None,
+    ) -> None:
+        """Create the kernel and the buffers; frequencies ``omega`` or drawn from ``generator``."""
+        # the constructor's draw (from a fixed seed, in the default dtype) is replaced below by
+        # one in the model's dtype, which reproduces the former RFFKernel-based draw
+        # torch.randn(d, D / 2, generator=generator, dtype=x.dtype) of the RBF features exactly
+        self.kernel = RandomFourierFeaturesKernel(
+            self.num_features // 2, self.kernel_name, ard_num_dims=d,
+            generator=torch.Generator().manual_seed(0),
+        ).to(device=device, dtype=dtype)  # fmt: skip
+        if omega is not None:
+            self.kernel.omega.copy_(omega)
+        else:
+            self.kernel.resample(generator)
         self.kernel.requires_grad_(False)  # hyperparameters are fixed once fitted
-        self.kernel.register_buffer(
-            "randn_weights", torch.zeros(d, self.num_features // 2, dtype=dtype, device=device)
-        )
         self.register_buffer(
             "weights",
             torch.zeros(self.num_particles, c, self.num_features, dtype=dtype, device=device),
@@ -153,13 +201,23 @@ class VBootRFF(torch.nn.Module):
         self.register_buffer("noise_", torch.zeros((), dtype=dtype, device=device))
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Load a state dict, building the (lazily created) buffers from its shapes first."""
+        """Load a state dict, building the (lazily created) buffers from its shapes first.
+
+        State dicts saved before the kernel became a ``RandomFourierFeaturesKernel`` (with the
+        frequencies in ``kernel.randn_weights``) load too.
+        """
+        if "kernel.randn_weights" in state_dict and "kernel.omega" not in state_dict:
+            state_dict = {
+                ("kernel.omega" if key == "kernel.randn_weights" else key): value
+                for key, value in state_dict.items()
+            }
         if self.kernel is None and "weights" in state_dict:
             k, c, _ = state_dict["weights"].shape
-            d = state_dict["kernel.randn_weights"].shape[0]
+            d = state_dict["kernel.omega"].shape[0]
             ref = state_dict["weights"]
             self.num_particles = k
-            self._build(d, c, ref.dtype, ref.device)
+            # the frequencies are loaded with the rest of the state
+            self._build(d, c, ref.dtype, ref.device, torch.Generator().manual_seed(0))
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @property
@@ -179,16 +237,18 @@ class VBootRFF(torch.nn.Module):
             # keep the fit's cost (C m^3) near that of two outputs with hyper_num_points points
             c = targets.shape[1]
             m = int(self.hyper_num_points * min(1.0, (2.0 / c) ** (1.0 / 3.0)))
-            hp = fit_rbf_hyperparameters(
-                x, targets, noise, num_points=max(m, 50), num_iters=self.hyper_iters,
-                num_restarts=self.hyper_restarts, generator=generator,
+            hp = fit_kernel_hyperparameters(
+                x, targets, noise, kernel=self.kernel_name, num_points=max(m, 50),
+                num_iters=self.hyper_iters, num_restarts=self.hyper_restarts,
+                generator=generator,
             )  # fmt: skip
         else:
             w = noise.reciprocal()
-            hp = RBFHyperparameters(
+            hp = KernelHyperparameters(
                 lengthscale=torch.ones(x.shape[-1], dtype=x.dtype, device=x.device),
                 outputscale=1.0,
                 mean=(w * targets).sum(0) / w.sum(0),
+                kernel=self.kernel_name,
             )
         if given["lengthscale"] is not None:
             hp.lengthscale = (
@@ -266,12 +326,16 @@ class VBootRFF(torch.nn.Module):
         if noise is None:
             noise = torch.full_like(targets, float(hp.noise))
         c = targets.shape[1]
-        self._build(d, c, x.dtype, x.device)
+        template = self._template_omega
+        if template is not None and template.shape[0] != d:
+            raise ShapeError(
+                expected_got(
+                    "VBootRFF.fit x", f"{template.shape[0]} columns (the input dimension of the "
+                    "given kernel's frequencies)", f"{d} columns",
+                )
+            )  # fmt: skip
+        self._build(d, c, x.dtype, x.device, generator, omega=template)
         self.hyperparameters = hp
-        freqs = torch.randn(d, self.num_features // 2, generator=generator, dtype=x.dtype).to(
-            x.device
-        )
-        self.kernel.randn_weights.copy_(freqs)
         self.kernel.lengthscale = hp.lengthscale.reshape(1, d)
         self.mean_.copy_(hp.mean)
         self.outputscale_.fill_(hp.outputscale)
@@ -302,7 +366,7 @@ class VBootRFF(torch.nn.Module):
 
     # ------------------------------------------------------------------ prediction
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Random Fourier features ``phi(x)`` (``phi(x)^T phi(x') ~ k_RBF(x, x')``).
+        """Random Fourier features ``phi(x)`` (``phi(x)^T phi(x') ~ k(x, x')``, no output scale).
 
         Args:
             x: Inputs.  # shape: (M, d)
@@ -311,18 +375,14 @@ class VBootRFF(torch.nn.Module):
             The features.  # shape: (M, D)
         """
         self._check_fitted("features")
-        return self.kernel._featurize(x, normalize=True)
+        return self.kernel.featurize(x)
 
     def _check_test_inputs(self, x, what):
         self._check_fitted(what)
         x = check_inputs(x, f"VBootRFF.{what}", self.weights.dtype).to(self.weights.device)
-        if x.shape[-1] != self.kernel.randn_weights.shape[0]:
+        if x.shape[-1] != self.kernel.num_dims:
             raise ShapeError(
-                expected_got(
-                    f"VBootRFF.{what} x",
-                    f"{self.kernel.randn_weights.shape[0]} columns",
-                    x.shape[-1],
-                )
+                expected_got(f"VBootRFF.{what} x", f"{self.kernel.num_dims} columns", x.shape[-1])
             )
         return x
 
@@ -375,3 +435,34 @@ class VBootRFF(torch.nn.Module):
             InputDataError: For a regression model.
         """
         return particle_average_probs("VBootRFF", self.task, self(x))
+
+
+def _resolve_kernel(kernel: object) -> tuple[str, torch.Tensor | None, int | None]:
+    """Kernel name, template frequencies (``(d, S)`` or ``None``) and feature count of a kernel."""
+    if isinstance(kernel, str):
+        if kernel not in KERNEL_NAMES:
+            raise InputDataError(
+                expected_got(
+                    "VBootRFF.kernel", f"one of {KERNEL_NAMES} or a RandomFourierFeaturesKernel",
+                    repr(kernel), "Matern kernels are 'matern12', 'matern32' and 'matern52'.",
+                )
+            )  # fmt: skip
+        return kernel, None, None
+    if not isinstance(kernel, RandomFourierFeaturesKernel):
+        raise InputTypeError(
+            expected_got(
+                "VBootRFF.kernel", "a kernel name or a RandomFourierFeaturesKernel",
+                type(kernel).__name__,
+                "Exact GPyTorch kernels are given by name ('rbf', 'matern32', ...).",
+            )
+        )  # fmt: skip
+    if len(kernel.batch_shape) or kernel.active_dims is not None:
+        raise InputDataError(
+            expected_got(
+                "VBootRFF.kernel", "a RandomFourierFeaturesKernel without batch shape or "
+                "active dimensions", f"batch shape {tuple(kernel.batch_shape)}, active_dims "
+                f"{kernel.active_dims}", "Select input columns before calling fit.",
+            )
+        )  # fmt: skip
+    omega = None if kernel.num_dims is None else kernel.omega.detach().clone()
+    return kernel.base, omega, 2 * kernel.num_samples
