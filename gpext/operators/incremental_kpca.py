@@ -31,6 +31,8 @@ from gpext.utils import (
 __all__ = ["IncrementalKPCA"]
 
 _ON_DEGENERATE = ("warn", "raise", "record")
+# State-dict prefix of the kernel values recorded with the decomposition.
+_KERNEL_VALUES = "_kernel_values."
 
 
 class IncrementalKPCA(torch.nn.Module):
@@ -74,6 +76,14 @@ class IncrementalKPCA(torch.nn.Module):
     :math:`\lambda > \text{eigenvalue\_rtol} \cdot \lambda_{\max}`; tiny and negative eigenvalues
     (rounding, or a kernel that is not positive semi-definite) are dropped, never inverted.
 
+    The decomposition belongs to the kernel's hyperparameters at the time it was computed: their
+    values (every parameter and buffer of ``kernel``) are recorded then, and :meth:`update`,
+    :meth:`transform` and :meth:`nystrom` raise :class:`~gpext.errors.NotFittedError` if they
+    changed since (bordering a matrix of the old kernel with a column of the new one gives a
+    matrix of neither; a new lengthscale then shows up as wrong and even negative eigenvalues).
+    :meth:`kernel_changed` tells whether that is the case and :meth:`refit` decomposes the stored
+    points again with the current kernel.
+
     Args:
         kernel: Any GPyTorch kernel evaluating to an ``(N, M)`` matrix. Cast it to ``dtype``
             (e.g. ``kernel.double()``) for full float64 accuracy.
@@ -86,7 +96,8 @@ class IncrementalKPCA(torch.nn.Module):
         on_degenerate: ``"warn"`` (record and warn with :class:`~gpext.errors.DataWarning`),
             ``"record"`` (record only) or ``"raise"`` (raise :class:`~gpext.errors.InputDataError`
             before changing the state).
-        dtype: ``torch.float64`` (recommended) or ``torch.float32``.
+        dtype: ``torch.float64`` (recommended) or ``torch.float32``. ``module.to(dtype)`` later
+            converts the state and makes that the working dtype (defaulted tolerances follow).
         device: Device of the state; defaults to the CPU.
 
     Example:
@@ -128,6 +139,7 @@ class IncrementalKPCA(torch.nn.Module):
             if max_components is None
             else check_positive_int(max_components, "IncrementalKPCA.max_components")
         )
+        self._default_rtols = (eigenvalue_rtol is None, degenerate_rtol is None)
         self.eigenvalue_rtol = math.sqrt(eps) if eigenvalue_rtol is None else float(eigenvalue_rtol)
         self.degenerate_rtol = 1e3 * eps if degenerate_rtol is None else float(degenerate_rtol)
         for name in ("eigenvalue_rtol", "degenerate_rtol"):
@@ -149,6 +161,9 @@ class IncrementalKPCA(torch.nn.Module):
         self.register_buffer("_diag", torch.empty(0, **kw))
         self.register_buffer("_row_sums", torch.empty(0, **kw))
         self.register_buffer("_total", torch.zeros((), **kw))
+        # Values of the kernel's parameters and buffers when the decomposition was computed
+        # (None: no points yet, or loaded from a state dict that predates the record).
+        self._kernel_values: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -185,7 +200,32 @@ class IncrementalKPCA(torch.nn.Module):
         self._row_sums = torch.empty(0, **kw)
         self._total = torch.zeros((), **kw)
         self.degenerate_points = []
+        self._kernel_values = None
         return self
+
+    def kernel_changed(self) -> bool:
+        """Whether the kernel's parameters or buffers differ from when the state was computed.
+
+        Returns:
+            ``True`` if any value, shape or name differs from the record taken by :meth:`fit` /
+            :meth:`update` (``False`` with no points, or with no record).
+        """
+        return bool(self._changed_kernel_values())
+
+    def refit(self) -> IncrementalKPCA:
+        """Decompose the stored points again with the current kernel (a batch ``eigh``).
+
+        Use it after changing the kernel's hyperparameters; :meth:`update` then continues
+        incrementally.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            NotFittedError: If there are no points.
+        """
+        self._check_fitted()
+        return self.fit(self.points.clone())
 
     def reserve(self, capacity: int, num_features: int) -> IncrementalKPCA:
         """Preallocate storage for ``capacity`` points of dimension ``num_features``.
@@ -241,6 +281,7 @@ class IncrementalKPCA(torch.nn.Module):
         self._row_sums, self._total = row_sums, row_sums.sum()
         self._evals, self._evecs = evals, evecs
         self._truncate()
+        self._kernel_values = self._current_kernel_values()
         return self
 
     def update(self, x: torch.Tensor, *, show_progress: bool | None = None) -> IncrementalKPCA:
@@ -257,11 +298,16 @@ class IncrementalKPCA(torch.nn.Module):
             ShapeError: If the feature dimension differs from the stored points.
             InputDataError: On non-finite input, or a degenerate point with
                 ``on_degenerate="raise"``.
+            NotFittedError: If the kernel's hyperparameters changed since the stored points were
+                decomposed (call :meth:`refit` first); nothing is added.
         """
         x = self._check_x(x, "update")
+        self._check_kernel_unchanged("update")
         with torch.no_grad():
             for i in progress_bar(range(x.shape[0]), desc="IncrementalKPCA", show=show_progress):
                 self._add_point(x[i : i + 1])
+        if self._kernel_values is None:
+            self._kernel_values = self._current_kernel_values()
         return self
 
     def transform(self, x: torch.Tensor, num_components: int | None = None) -> torch.Tensor:
@@ -276,7 +322,7 @@ class IncrementalKPCA(torch.nn.Module):
         """
         x = self._check_x(x, "transform")
         evals, evecs = self._kept(num_components)
-        return self._cross_kernel(x) @ (evecs / evals.sqrt())
+        return self._cross_kernel(x, "transform") @ (evecs / evals.sqrt())
 
     def nystrom(
         self, x: torch.Tensor, num_components: int | None = None, method: str = "eq8"
@@ -324,7 +370,7 @@ class IncrementalKPCA(torch.nn.Module):
         x = self._check_x(x, "nystrom")
         evals, evecs = self._kept(None if method == "orthogonalized" else num_components)
         n, m = x.shape[0], self.num_points
-        k_nm = self._cross_kernel(x)
+        k_nm = self._cross_kernel(x, "nystrom")
         if method == "eq8":
             return evals * (n / m), math.sqrt(m / n) * (k_nm @ (evecs / evals))
         c = k_nm @ (evecs / evals.sqrt())  # shape: (n, r), C C^T = K_nm K_mm^+ K_mn
@@ -420,7 +466,38 @@ class IncrementalKPCA(torch.nn.Module):
             )
         return out.to(self.dtype)
 
-    def _cross_kernel(self, x: torch.Tensor) -> torch.Tensor:
+    def _current_kernel_values(self) -> dict[str, torch.Tensor]:
+        named = [*self.kernel.named_parameters(), *self.kernel.named_buffers()]
+        return {name: t.detach().clone() for name, t in named}
+
+    def _changed_kernel_values(self) -> list[str]:
+        """Names of the kernel's parameters / buffers that differ from the record."""
+        record = self._kernel_values
+        if record is None or self.num_points == 0:
+            return []
+        named = dict([*self.kernel.named_parameters(), *self.kernel.named_buffers()])
+        changed = sorted(set(named) ^ set(record))
+        for name, value in named.items():
+            old = record.get(name)
+            if old is not None and (
+                old.shape != value.shape or not torch.equal(old.to(value), value.detach())
+            ):
+                changed.append(name)
+        return changed
+
+    def _check_kernel_unchanged(self, method: str) -> None:
+        changed = self._changed_kernel_values()
+        if changed:
+            raise NotFittedError(
+                f"IncrementalKPCA.{method}: the kernel's hyperparameters changed since the "
+                f"{self.num_points} stored points were decomposed ({', '.join(changed)}); the "
+                "decomposition belongs to the old values, and using it with the new kernel "
+                "would mix two kernels. Call refit() to decompose the stored points with the "
+                "current kernel, or restore the old values."
+            )
+
+    def _cross_kernel(self, x: torch.Tensor, method: str) -> torch.Tensor:
+        self._check_kernel_unchanged(method)
         with torch.no_grad():
             k = self._kernel(x, self.points)  # shape: (n, m)
         if self.centered:
@@ -587,10 +664,25 @@ class IncrementalKPCA(torch.nn.Module):
             store[: self._m] = self._store[: self._m]
         self._store = store
 
+    def _apply(self, fn, *args, **kwargs):
+        # ``module.to(dtype)`` converts the buffers; the working dtype (and defaulted
+        # tolerances) follow, so later points are not cast back to the old dtype.
+        super()._apply(fn, *args, **kwargs)
+        if self._evals.dtype != self.dtype and self._evals.dtype in (torch.float32, torch.float64):
+            self.dtype = self._evals.dtype
+            eps = torch.finfo(self.dtype).eps
+            if self._default_rtols[0]:
+                self.eigenvalue_rtol = math.sqrt(eps)
+            if self._default_rtols[1]:
+                self.degenerate_rtol = 1e3 * eps
+        return self
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         points = self.points
         destination[prefix + "_points"] = points if keep_vars else points.detach()
+        for name, value in (self._kernel_values or {}).items():
+            destination[prefix + _KERNEL_VALUES + name] = value
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -607,8 +699,16 @@ class IncrementalKPCA(torch.nn.Module):
             self._m = int(points.shape[0])
         elif strict:
             missing_keys.append(key)
+        record = {
+            k[len(prefix + _KERNEL_VALUES) :]: v.detach().clone()
+            for k, v in state_dict.items()
+            if k.startswith(prefix + _KERNEL_VALUES)
+        }
+        # No record (a state dict from before it was kept): the check starts at the next fit.
+        self._kernel_values = record or None
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        if key in unexpected_keys:  # handled above (not a registered buffer)
-            unexpected_keys.remove(key)
+        for k in [key, *(prefix + _KERNEL_VALUES + name for name in record)]:
+            if k in unexpected_keys:  # handled above (not registered buffers)
+                unexpected_keys.remove(k)

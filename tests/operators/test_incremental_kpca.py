@@ -267,3 +267,94 @@ class TestNystromOrthogonalized:
         torch.testing.assert_close(top, lam[:3])
         with pytest.raises(InputDataError, match="orthogonalized"):
             kpca.nystrom(x, method="svd")
+
+
+class TestKernelChangeDetection:
+    """The decomposition belongs to the kernel's hyperparameters when it was computed."""
+
+    seed = 6
+
+    def setup_method(self):
+        self.gen = torch.Generator().manual_seed(self.seed)
+
+    @pytest.mark.parametrize("centered", [False, True])
+    def test_changed_lengthscale_raises_then_refit(self, centered):
+        x = torch.randn(30, 2, generator=self.gen, dtype=D64)
+        kernel = _rbf(1.0)
+        kpca = IncrementalKPCA(kernel, centered=centered).update(x[:20])
+        evals = kpca.eigenvalues.clone()
+        assert not kpca.kernel_changed()
+        kernel.lengthscale = torch.tensor(0.5, dtype=D64)
+        assert kpca.kernel_changed()
+        # Before this check, the update bordered the old matrix with new-kernel entries (a
+        # decomposition of neither kernel, with negative eigenvalues) without a word.
+        with pytest.raises(NotFittedError, match=r"hyperparameters changed.*raw_lengthscale"):
+            kpca.update(x[20:])
+        assert kpca.num_points == 20
+        torch.testing.assert_close(kpca.eigenvalues, evals, rtol=0, atol=0)
+        with pytest.raises(NotFittedError, match="refit"):
+            kpca.transform(x[:3])
+        with pytest.raises(NotFittedError, match="refit"):
+            kpca.nystrom(x)
+        # Restoring the old value makes the state current again.
+        kernel.lengthscale = torch.tensor(1.0, dtype=D64)
+        assert not kpca.kernel_changed()
+        kernel.lengthscale = torch.tensor(0.5, dtype=D64)
+        kpca.refit()
+        assert not kpca.kernel_changed()
+        kpca.update(x[20:])
+        ref = torch.linalg.eigvalsh(_kmat(kernel, x, centered)).flip(0)
+        torch.testing.assert_close(kpca.eigenvalues, ref, rtol=0, atol=1e-12)
+
+    def test_optimizer_step_and_constraint_buffers_are_seen(self):
+        x = torch.randn(10, 2, generator=self.gen, dtype=D64)
+        kernel = gpytorch.kernels.ScaleKernel(_rbf(1.0)).double()
+        kpca = IncrementalKPCA(kernel).fit(x[:5])
+        with torch.no_grad():
+            kernel.raw_outputscale.add_(0.1)  # in place, as an optimiser step
+        assert kpca.kernel_changed()
+        kpca.refit()
+        with torch.no_grad():
+            kernel.base_kernel.raw_lengthscale_constraint.lower_bound.fill_(1e-3)
+        with pytest.raises(NotFittedError, match="lower_bound"):
+            kpca.update(x[5:])
+        with pytest.raises(NotFittedError, match="no points"):
+            IncrementalKPCA(_rbf()).refit()
+
+    def test_record_in_state_dict(self):
+        x = torch.randn(12, 2, generator=self.gen, dtype=D64)
+        a = IncrementalKPCA(_rbf(1.0)).update(x[:8])
+        a.kernel.lengthscale = torch.tensor(0.7, dtype=D64)
+        state = a.state_dict()
+        assert "_kernel_values.raw_lengthscale" in state
+        b = IncrementalKPCA(_rbf(1.0))
+        b.load_state_dict(state)  # strict: the record is not an unexpected key
+        assert b.kernel_changed()  # the saved state was already stale, and stays so
+        b.refit()
+        b.update(x[8:])
+        ref = torch.linalg.eigvalsh(_kmat(b.kernel, x, False)).flip(0)
+        torch.testing.assert_close(b.eigenvalues, ref, rtol=0, atol=1e-12)
+        # A state dict without the record (older format) still loads strictly.
+        old = {k: v for k, v in IncrementalKPCA(_rbf(1.0)).update(x).state_dict().items()}
+        old = {k: v for k, v in old.items() if not k.startswith("_kernel_values.")}
+        c = IncrementalKPCA(_rbf(1.0))
+        c.load_state_dict(old)
+        assert not c.kernel_changed()
+        c.update(x[0] + 0.5)
+        assert c.num_points == 13
+
+    def test_dtype_follows_module(self):
+        x = torch.randn(20, 2, generator=self.gen, dtype=D64)
+        kernel = _rbf(1.0, torch.float32)
+        kpca = IncrementalKPCA(kernel, dtype=torch.float32).update(x[:10].float())
+        assert kpca.eigenvalue_rtol == pytest.approx(torch.finfo(torch.float32).eps ** 0.5)
+        kpca.double()
+        assert kpca.dtype == D64 and kpca.eigenvalues.dtype == D64
+        assert kpca.eigenvalue_rtol == pytest.approx(torch.finfo(D64).eps ** 0.5)
+        assert not kpca.kernel_changed()  # converting the kernel is not a change of value
+        kpca.refit().update(x[10:])
+        assert kpca.points.dtype == D64 and kpca.eigenvalues.dtype == D64
+        ref = torch.linalg.eigvalsh(
+            _kmat(kernel, torch.cat([x[:10].float().double(), x[10:]]), False)
+        )
+        torch.testing.assert_close(kpca.eigenvalues, ref.flip(0), rtol=0, atol=1e-12)
