@@ -208,6 +208,7 @@ def fit_predict_ign(
         x, y, epochs=budget["epochs"], batch_size=budget["batch_size"], lr=budget["lr"],
         gp_lr=budget["gp_lr"], lr_schedule=budget["lr_schedule"], generator=gen,
         show_progress=config.show_progress, refit_pseudo_labels=False if ridge is not None else None,
+        validation_fraction=0.0,  # the committed protocol: epochs chosen on validation rows instead
     )  # fmt: skip
     if ridge is not None:  # the refit of ``fit`` with the budget's ridge, for both objectives
         model.refit_pseudo_labels(x, y, ridge=float(ridge))

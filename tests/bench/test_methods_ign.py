@@ -79,7 +79,7 @@ class TestRefitRidge:
         model.fit(
             split.train_x, split.train_y, epochs=b["epochs"], batch_size=b["batch_size"],
             lr=b["lr"], gp_lr=b["gp_lr"], lr_schedule=b["lr_schedule"], generator=gen,
-            refit_pseudo_labels=ridge is None, show_progress=False,
+            refit_pseudo_labels=ridge is None, show_progress=False, validation_fraction=0.0,
         )  # fmt: skip
         if ridge is not None:
             model.refit_pseudo_labels(split.train_x, split.train_y, ridge=ridge)

@@ -525,3 +525,47 @@ class TestTrustworthyFits:
         _, kernel3, _ = gwi_model.fit_exact_prior(x2, y2, steps=5)  # ARD (D <= 50)
         assert kernel3.base_kernel.lengthscale.numel() == 3
         assert torch.allclose(seen["lengthscale"], torch.pdist(x2).median().expand(1, 3))
+
+
+class TestDefaultCalibration:
+    """With >= 200 rows and no validation data, fit holds out rows and picks the temperature."""
+
+    @staticmethod
+    def _data(n, seed):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+        f = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1]
+        return x, f + 0.3 * torch.randn(n, generator=gen, dtype=torch.float64)
+
+    def test_default_fit_calibrates_the_temperature_on_a_hold_out(self, monkeypatch):
+        x, y = self._data(300, 0)
+        model, lik = GWIRegressionModel.from_data(x, y, generator=torch.Generator().manual_seed(0))
+        seen = {}
+        original = GWIRegressionModel.calibrate_temperature
+
+        def spy(self, likelihood, xv, yv, grid=None):
+            seen["rows"] = xv.shape[0]
+            return original(self, likelihood, xv, yv, grid)
+
+        monkeypatch.setattr(GWIRegressionModel, "calibrate_temperature", spy)
+        res = model.fit(lik, x, y, epochs=30, generator=torch.Generator().manual_seed(0))
+        assert seen["rows"] == 50  # max(10%, 50 rows)
+        assert res.validation_losses == []  # the hold-out is not used for early stopping
+        # the temperature is the validation minimiser on the grid, not the default 1
+        assert float(model.temperature) != 1.0
+        xt, yt = self._data(2000, 10)
+        mean, var = model.predict(lik, xt)
+        cover = float(((yt - mean).abs() <= 1.96 * var.sqrt()).double().mean())
+        assert 0.88 <= cover <= 0.99
+
+    def test_small_data_and_option_errors(self):
+        x, y = self._data(120, 1)
+        model, lik = GWIRegressionModel.from_data(x, y, generator=torch.Generator().manual_seed(0))
+        model.fit(lik, x, y, epochs=2, generator=torch.Generator().manual_seed(0))
+        assert float(model.temperature) == 1.0  # below 200 rows nothing is held out
+        with pytest.raises(InputDataError, match="calibrate"):
+            model.fit(lik, x, y, epochs=1, calibrate=True)
+        with pytest.raises(InputDataError, match="validation_fraction"):
+            model.fit(lik, x, y, epochs=1, x_val=x[:10], y_val=y[:10], validation_fraction=0.1)
+        with pytest.raises(InputDataError, match="validation_fraction"):
+            model.fit(lik, x, y, epochs=1, validation_fraction=0.7)

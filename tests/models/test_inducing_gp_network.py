@@ -184,6 +184,7 @@ class TestInducingGPNetworkFitOptions:
         model.fit(
             x, y, epochs=6, batch_size=50, lr=2e-2, validation_fraction=0.25,
             generator=torch.Generator().manual_seed(5), refit_pseudo_labels=False,
+            calibrate_noise=False,
         )  # fmt: skip
         assert len(model.validation_history_) == 6
         # the hold-out is the first randperm drawn from the generator
@@ -354,3 +355,71 @@ class TestInducingGPNetworkClassification:
         assert math.isfinite(
             float(model.loss(torch.randn(3, 2, dtype=torch.float64), torch.tensor([0, 1, 1])))
         )
+
+
+class TestNoiseCalibration:
+    """Default fits hold out 10% of >= 200 rows and re-estimate the noise on them."""
+
+    @staticmethod
+    def _overfit_data(n=400, sd=0.5, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+        y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + sd * torch.randn(n, generator=gen,
+                                                                      dtype=torch.float64)
+        return x, y
+
+    def test_default_fit_recovers_the_noise_an_interpolating_network_hides(self):
+        """A 64x64 network memorises noisy targets; without the hold-out (the old default)
+        the learned noise is several times too small, with it the noise is near the truth."""
+        x, y = self._overfit_data()
+        torch.manual_seed(0)
+        old = InducingGPNetwork(MLP(4, [64, 64], 8), num_inducing=32).double()
+        old.fit(x, y, epochs=200, validation_fraction=0.0,
+                generator=torch.Generator().manual_seed(0))  # fmt: skip
+        torch.manual_seed(0)
+        new = InducingGPNetwork(MLP(4, [64, 64], 8), num_inducing=32).double()
+        new.fit(x, y, epochs=200, generator=torch.Generator().manual_seed(0))
+        assert new.noise_calibration_["num_points"] == 40
+        assert float(old.likelihood.noise) < 0.25 / 2  # the truth is 0.25
+        xt, yt = self._overfit_data(n=2000, seed=1)
+        cover = {}
+        for name, model in (("old", old), ("new", new)):
+            mean, var = model.predict(xt)
+            cover[name] = float(((yt - mean).abs() <= 1.96 * var.sqrt()).double().mean())
+        assert cover["old"] < 0.85
+        assert 0.90 <= cover["new"] <= 0.99
+
+    def test_calibrated_noise_minimises_the_held_out_nll(self):
+        from scipy.optimize import minimize_scalar
+
+        x, y = self._overfit_data(n=300)
+        torch.manual_seed(0)
+        model = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16).double()
+        model.fit(x[:250], y[:250], epochs=20, validation_fraction=0.0,
+                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+        mean, var = model.predict(x[250:], include_noise=False)
+        r2, s = ((y[250:] - mean) ** 2).numpy(), var.numpy()
+
+        def nll(log_noise):
+            v = s + np.exp(log_noise)
+            return float(np.mean(r2 / v + np.log(v)))
+
+        ref = minimize_scalar(nll, bounds=(-20, 5), method="bounded", options={"xatol": 1e-10})
+        got = model.calibrate_noise(x[250:], y[250:], allow_decrease=True)
+        np.testing.assert_allclose(np.log(got), ref.x, atol=1e-5)
+        # by default the noise is only raised
+        with torch.no_grad():
+            model.likelihood.noise = 4 * got
+        assert model.calibrate_noise(x[250:], y[250:]) == pytest.approx(4 * got, rel=1e-6)
+
+    def test_small_data_keeps_every_row_and_errors(self):
+        x, y = self._overfit_data(n=100)
+        model = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16).double()
+        res = model.fit(x, y, epochs=2, generator=torch.Generator().manual_seed(0))
+        assert res.validation_losses == []
+        assert not hasattr(model, "noise_calibration_")
+        with pytest.raises(InputDataError, match="calibrate_noise"):
+            model.fit(x, y, epochs=2, calibrate_noise=True)
+        cls = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16, task="binary").double()
+        with pytest.raises(InputDataError, match="regression"):
+            cls.calibrate_noise(x, (y > 0).long())
