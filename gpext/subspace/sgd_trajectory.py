@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
+from gpext.fit import check_explained_variance
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int, progress_bar
@@ -148,4 +149,11 @@ def train_sgd_trajectory(
                     for obs in observers:
                         obs(w, dev)
     module.eval()
+    if likelihood.is_regression and y.dim() == 1:
+        # a network that settled on the targets' mean must not pass silently
+        sub = slice(0, min(n, 4096))
+        with torch.no_grad():
+            mean, _ = likelihood.mean_variance(module(x[sub]))
+        check_explained_variance(mean.reshape(-1), y[sub].reshape(-1).to(mean),
+                                 name="train_sgd_trajectory (last iterate)", stacklevel=2)  # fmt: skip
     return collector

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -18,7 +19,15 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
-from gpext.fit import FitResult, StopReason, minibatch_indices, minimize_lbfgs, train_loop
+from gpext.fit import (
+    FitResult,
+    StopReason,
+    check_explained_variance,
+    minibatch_indices,
+    minimize_lbfgs,
+    train_loop,
+)
+from gpext.metrics import mixture_gaussian_log_likelihood
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
@@ -174,6 +183,125 @@ class SubspaceModel(nn.Module):
         return sampler.sample(
             num_samples, initial=initial, burn_in=burn_in, thin=thin, show_progress=show_progress
         )
+
+    def check_fit(
+        self, x: torch.Tensor, y: torch.Tensor, thetas: torch.Tensor, *, max_points: int = 4096
+    ) -> bool:
+        r"""Warn when the model average of ``thetas`` explains (almost) none of ``y``.
+
+        For regression, :math:`R^2` of the Bayesian-model-average mean
+        :math:`\frac1S\sum_s \mu(x, \theta_s)` on (up to ``max_points``) training rows,
+        checked by :func:`gpext.fit.check_explained_variance`: a posterior so flat (or so hot)
+        that its samples average out to the targets' mean is a degenerate fit, whatever each
+        sample does.  Classification is not checked here.
+
+        Args:
+            x: Training inputs. # shape: (N, ...)
+            y: Training targets. # shape: (N,)
+            thetas: Subspace samples. # shape: (S, r)
+            max_points: Rows used (the first ones).
+
+        Returns:
+            ``True`` when the fit explains enough (always for classification).
+
+        Warns:
+            VarianceCollapseWarning: When :math:`R^2 < 0.1`.
+        """
+        if not self.likelihood.is_regression:
+            return True
+        sub = slice(0, min(x.shape[0], max_points))
+        with torch.no_grad():
+            means = self.predict(x[sub], thetas)["means"].mean(0)
+        return check_explained_variance(
+            means.reshape(-1), y[sub].reshape(-1).to(means),
+            name=f"SubspaceModel (T = {self.temperature:.3g}, {thetas.shape[0]} samples)",
+            stacklevel=3,
+        )  # fmt: skip
+
+    def select_temperature(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        x_val: torch.Tensor,
+        y_val: torch.Tensor,
+        temperatures: Sequence[float] | None = None,
+        *,
+        num_samples: int = 32,
+        burn_in: int = 32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[float, torch.Tensor, dict[float, float]]:
+        r"""Choose the likelihood temperature :math:`T` on held-out rows, by ESS.
+
+        For every candidate :math:`T` (default the grid :math:`(N / r)^e`,
+        :math:`e \in \{-1, -0.5, \dots, 2\}`, around drbayes's :math:`N / r`; the range the
+        validation search of ``benchmarks/subspace_uci.py`` found in use) draws ``num_samples`` elliptical-slice samples from the tempered
+        posterior given ``(x, y)`` and scores the mean held-out log predictive density,
+
+        .. math::
+
+            \frac{1}{M} \sum_{i=1}^{M} \log \frac{1}{S} \sum_{s=1}^{S}
+            p(y^{\text{val}}_i \mid x^{\text{val}}_i, \theta_s)
+
+        (a Gaussian mixture for regression, the sample average of class probabilities for
+        classification).  The best :math:`T` is stored in ``self.temperature`` and its
+        samples returned, after :meth:`check_fit` on the training rows.  The rows of ``(x_val, y_val)`` must not have been used to train the
+        network whose trajectory spans the subspace.
+
+        Args:
+            x: Training inputs. # shape: (N, ...)
+            y: Training targets. # shape: (N,)
+            x_val: Held-out inputs. # shape: (M, ...)
+            y_val: Held-out targets. # shape: (M,)
+            temperatures: Candidate temperatures (positive).
+            num_samples: ESS samples per candidate.
+            burn_in: ESS transitions discarded per candidate.
+            generator: Random generator.
+
+        Returns:
+            ``(temperature, thetas, scores)``: the chosen :math:`T`, its samples ``(S, r)``
+            and the held-out score of every candidate.
+
+        Raises:
+            InputDataError: For non-positive temperatures or non-finite data.
+            ShapeError: If inputs and targets disagree.
+        """
+        self._check_data(x, y)
+        self._check_data(x_val, y_val)
+        if temperatures is None:
+            ratio = x.shape[0] / self.rank
+            temperatures = [ratio**e for e in (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)]
+        temps = [float(t) for t in temperatures]
+        if not temps or not all(math.isfinite(t) and t > 0 for t in temps):
+            raise InputDataError(
+                expected_got("SubspaceModel.select_temperature.temperatures",
+                             "one or more positive finite numbers", temperatures)
+            )  # fmt: skip
+        scores: dict[float, float] = {}
+        best: tuple[float, float, torch.Tensor] | None = None
+        original = self.temperature
+        for t in temps:
+            self.temperature = t
+            thetas = self.sample_ess(x, y, num_samples, burn_in=burn_in, generator=generator)
+            with torch.no_grad():
+                out = self.predict(x_val, thetas)
+                if "probs" in out:
+                    p = out["probs"].mean(0).gather(-1, y_val.long().view(-1, 1))
+                    score = float(p.clamp_min(1e-300).log().mean())
+                else:
+                    score = mixture_gaussian_log_likelihood(out["means"], out["variances"], y_val)
+            scores[t] = score if math.isfinite(score) else -math.inf
+            if best is None or scores[t] > best[1]:
+                best = (t, scores[t], thetas)
+        if best is None or not math.isfinite(best[1]):
+            self.temperature = original
+            raise InputDataError(
+                "SubspaceModel.select_temperature: every candidate temperature gave a "
+                f"non-finite held-out log-likelihood ({scores}); check the held-out data and "
+                "the likelihood."
+            )
+        self.temperature = best[0]
+        self.check_fit(x, y, best[2])
+        return best[0], best[2], scores
 
     def fit_vi(
         self,

@@ -172,3 +172,36 @@ class TestSampleEnsembleSurrogates(BotorchTestCase):
             fit_weight_ensemble(x, y, epochs=5, swa_epochs=5)
         with pytest.raises(ShapeError, match=r"\(n, 1\)"):
             fit_weight_ensemble(x, y.squeeze(-1))
+
+
+def test_fit_weight_ensemble_chooses_the_temperature_on_a_hold_out(monkeypatch):
+    """From 200 rows the pca methods train on 90% and pick T on the other 10%."""
+    from gpext.subspace import SubspaceModel
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(220, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(6 * x[:, :1]) + 0.1 * torch.randn(220, 1, generator=gen, dtype=torch.float64)
+    seen = {}
+    original = SubspaceModel.select_temperature
+
+    def spy(self, xt, yt, xv, yv, *args, **kwargs):
+        seen["rows"] = (xt.shape[0], xv.shape[0])
+        out = original(self, xt, yt, xv, yv, *args, **kwargs)
+        seen["scores"] = out[2]
+        return out
+
+    monkeypatch.setattr(SubspaceModel, "select_temperature", spy)
+    model = fit_weight_ensemble(
+        x, y, method="pca_ess", num_samples=4, hidden_features=(8,), epochs=8, swa_epochs=4,
+        rank=3, generator=torch.Generator().manual_seed(1),
+    )  # fmt: skip
+    assert seen["rows"] == (198, 22)
+    assert len(seen["scores"]) == 7 and model.sample_weights.shape[0] == 4
+    seen.clear()
+    fit_weight_ensemble(
+        x, y, method="pca_ess", num_samples=4, hidden_features=(8,), epochs=8, swa_epochs=4,
+        rank=3, validation_fraction=0.0, generator=torch.Generator().manual_seed(1),
+    )  # fmt: skip
+    assert not seen
+    with pytest.raises(InputDataError, match="validation_fraction"):
+        fit_weight_ensemble(x, y, method="pca_ess", validation_fraction=0.9)

@@ -189,3 +189,49 @@ class TestBayesianModelAveraging:
             OutputLikelihood("poisson")
         with pytest.raises(InputDataError):
             OutputLikelihood("categorical").mean_variance(out)
+
+
+class TestSelectTemperature:
+    def test_scores_match_the_closed_form_held_out_density_and_pick_its_best(self):
+        dtype = torch.float64
+        model, x, y, *_ = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(3)
+        x_val = torch.randn(200, 5, generator=g, dtype=dtype)
+        theta_true = torch.linalg.lstsq(x @ model.projection.T, y - x @ model.center).solution
+        f_val = x_val @ (model.center + model.projection.T @ theta_true)
+        y_val = f_val + math.sqrt(NOISE_VAR) * torch.randn(200, generator=g, dtype=dtype)
+        temps = [0.05, 1.0, 30.0, 1000.0]
+        t, thetas, scores = model.select_temperature(
+            x, y, x_val, y_val, temps, num_samples=400, burn_in=50,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        a, a_val = x @ model.projection.T, x_val @ model.projection.T
+        ref = {}
+        for temp in temps:
+            prec = torch.eye(3, dtype=dtype) / PRIOR_STD**2 + a.T @ a / (NOISE_VAR * temp)
+            cov = torch.linalg.inv(prec)
+            mean = cov @ a.T @ (y - x @ model.center) / (NOISE_VAR * temp)
+            m = x_val @ model.center + a_val @ mean
+            v = (a_val @ cov * a_val).sum(-1) + NOISE_VAR
+            ref[temp] = float(torch.distributions.Normal(m, v.sqrt()).log_prob(y_val).mean())
+        assert t == max(ref, key=ref.get) and model.temperature == t
+        assert thetas.shape == (400, 3)
+        for temp in temps:  # Monte Carlo mixture of 400 correlated draws vs the exact density
+            assert scores[temp] == pytest.approx(ref[temp], abs=0.05 + 0.02 * abs(ref[temp]))
+
+    def test_errors(self):
+        model, x, y, *_ = _linear_problem(torch.float64)
+        with pytest.raises(InputDataError, match="temperatures"):
+            model.select_temperature(x, y, x[:5], y[:5], [1.0, -2.0])
+        with pytest.raises(ShapeError):
+            model.select_temperature(x, y, x[:5], y[:4])
+
+    def test_check_fit_warns_when_the_model_average_is_flat(self):
+        from gpext.errors import VarianceCollapseWarning
+
+        model, x, y, mean, *_ = _linear_problem(torch.float64)
+        assert model.check_fit(x, y, mean[None])
+        flat = torch.zeros(1, 5, dtype=torch.float64)  # w = 0: predicts 0 for every input
+        zero = SubspaceModel(model.module, flat[0], model.projection, model.likelihood)
+        with pytest.warns(VarianceCollapseWarning, match="SubspaceModel"):
+            assert not zero.check_fit(x, y, torch.zeros(4, 3, dtype=torch.float64))

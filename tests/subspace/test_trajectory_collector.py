@@ -186,3 +186,19 @@ class TestTrainSGDTrajectory:
                 assert bool((jumps <= 0.1 * clip * (1 + 1e-4)).all())
         with pytest.raises(InputDataError, match="max_grad_norm"):
             train_sgd_trajectory(net, x, y, lik, epochs=2, swa_start=1, max_grad_norm=0.0)
+
+
+def test_sgd_trajectory_warns_when_the_network_ends_at_the_mean():
+    """lr = 0 leaves an initial network that explains nothing: a warning, not silence."""
+    from gpext.errors import VarianceCollapseWarning
+    from gpext.nn import HeteroscedasticMLP
+    from gpext.subspace import OutputLikelihood, train_sgd_trajectory
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(80, 2, generator=gen, dtype=torch.float64)
+    y = 5.0 * torch.sin(2 * x[:, 0]) + 3.0
+    torch.manual_seed(0)
+    net = HeteroscedasticMLP(2, [8]).double()
+    lik = OutputLikelihood("heteroscedastic_gaussian")
+    with pytest.warns(VarianceCollapseWarning, match="train_sgd_trajectory"):
+        train_sgd_trajectory(net, x, y, lik, epochs=3, swa_start=1, lr=0.0, generator=gen)
