@@ -209,7 +209,7 @@ def log_prior(module: torch.nn.Module) -> torch.Tensor:
         A scalar tensor (0 without priors).
     """
     total = None
-    for _, mod, prior, closure, _ in module.named_priors():
+    for _, mod, prior, closure, _ in _unique_priors(module):
         value = closure(mod)
         support = getattr(prior, "support", None)
         lower = getattr(support, "lower_bound", None)
@@ -220,6 +220,18 @@ def log_prior(module: torch.nn.Module) -> torch.Tensor:
     if total is None:
         return torch.zeros(())
     return total
+
+
+def _unique_priors(module: torch.nn.Module):
+    """``named_priors`` with each (module, prior) pair once: a submodule reachable by two
+    paths (``NystromKPCAKernel`` holds its base kernel as ``base_kernel`` and ``kpca.kernel``)
+    is listed by GPyTorch under both names, which would count its priors twice."""
+    seen = set()
+    for entry in module.named_priors():
+        key = (id(entry[1]), id(entry[2]))
+        if key not in seen:
+            seen.add(key)
+            yield entry
 
 
 def _map_loss(model: gpytorch.models.ExactGP) -> torch.Tensor:
@@ -236,7 +248,7 @@ def _sample_priors(model: gpytorch.Module, generator: torch.Generator) -> bool:
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for _, module, prior, closure, setting in model.named_priors():
+        for _, module, prior, closure, setting in _unique_priors(model):
             current = closure(module)
             if tuple(prior.batch_shape) == tuple(current.shape):
                 value = prior.sample()

@@ -131,3 +131,17 @@ def test_gap_toy_that_crashed_the_fit_now_fits():
     model = build_exact_gp(x, y)
     res = fit_exact_gp(model, generator=torch.Generator().manual_seed(2))
     assert res.ok and res.stop_reason == StopReason.CONVERGED
+
+
+def test_log_prior_counts_a_submodule_reached_twice_once():
+    """NystromKPCAKernel holds its base kernel under two names; its prior counts once."""
+    import gpytorch
+    from gpytorch.priors import LogNormalPrior
+
+    from gpext.fit.exact_gp import log_prior
+    from gpext.kernels import NystromKPCAKernel
+
+    base = gpytorch.kernels.MaternKernel(nu=2.5, lengthscale_prior=LogNormalPrior(0.0, 1.0))
+    kernel = NystromKPCAKernel(base, torch.randn(10, 2))
+    assert len(list(kernel.named_priors())) == 2  # GPyTorch lists it twice
+    torch.testing.assert_close(log_prior(kernel), log_prior(base))
