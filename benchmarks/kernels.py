@@ -103,6 +103,7 @@ import traceback
 import warnings
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import gpytorch
 import torch
@@ -468,7 +469,11 @@ def main(argv=None) -> int:
                    help="landmarks / inducing points of arm B (default 128, quick 64)")  # fmt: skip
     p.add_argument("--mlp-min-steps", type=int, default=None,
                    help="minimum VBootMLP Adam steps (default 600, quick 300)")  # fmt: skip
+    p.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                   help="merge the records of earlier runs into one results file")  # fmt: skip
     args = p.parse_args(argv)
+    if args.combine:
+        return _combine(args)
     torch.set_num_threads(1)
     cfg = settings(args)
     datasets = args.datasets or (SMALL + LARGE if args.data_dir else FALLBACK)
@@ -502,33 +507,50 @@ def main(argv=None) -> int:
             if "mlp_mean" in context and "ntk_mean" in context:
                 gap = (context["mlp_mean"] - context["ntk_mean"]).square().mean().sqrt()
                 split_recs["vboot_mlp"]["mean_rmse_vs_ntk_gp"] = float(gap)
+    command = "python benchmarks/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    settings_record = {
+        **cfg,
+        "quick": args.quick,
+        "max_train": args.max_train,
+        "threads": torch.get_num_threads(),
+        "seed": args.seed,
+        "nll_units": "original target units",
+    }
+    return _write(records, args, command.strip(), settings_record, time.perf_counter() - start)
+
+
+def _combine(args) -> int:
+    """Merge the per-split records of earlier runs (e.g. parallel runs over disjoint sets)."""
+    import json
+
+    records, commands, settings_list, seconds = [], [], [], 0.0
+    for path in args.combine:
+        data = json.loads(Path(path).read_text())
+        records.extend(data["per_split"])
+        commands.append(data["command"])
+        settings_list.append(data.get("settings", {}))
+        seconds += float(data.get("total_seconds", 0.0))
+    return _write(records, args, " ; ".join(commands), settings_list, seconds)
+
+
+def _write(records, args, command, settings_record, total_seconds) -> int:
     rows = aggregate(records)
     goals, notes = evaluate_goals(rows)
-    for rec in records:
-        rec.pop("gpext_warned", None)
     warn_summary = {}
     for rec in records:
         key = f"{rec['dataset']}/{rec['method']}"
         warn_summary.setdefault(key, Counter()).update(rec["warnings"])
-    command = "python benchmarks/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)
     extra = {
         "goals": goals,
         "goal_definitions": GOAL_DEFINITIONS,
         "goals_not_evaluated": notes,
         "paired_nll_difference": paired_differences(records),
         "warnings": {k: dict(v) for k, v in warn_summary.items() if v},
-        "settings": {
-            **cfg,
-            "quick": args.quick,
-            "max_train": args.max_train,
-            "threads": torch.get_num_threads(),
-            "seed": args.seed,
-            "nll_units": "original target units",
-        },
-        "total_seconds": time.perf_counter() - start,
+        "settings": settings_record,
+        "total_seconds": total_seconds,
         "per_split": records,
     }
-    write_results("kernels", rows, out_dir(args), command=command.strip(), extra=extra,
+    write_results("kernels", rows, out_dir(args), command=command, extra=extra,
                   title="gpext.kernels: RFF, Nystrom-KPCA and NTK kernels against their "
                   "baselines", markdown_skip=("per_split",))  # fmt: skip
     print(f"[kernels] goals: {goals} {notes}", flush=True)
