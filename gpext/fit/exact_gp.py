@@ -18,6 +18,7 @@ import warnings
 import gpytorch
 import torch
 from gpytorch.priors import LogNormalPrior
+from linear_operator.utils.warnings import NumericalWarning as LinearOperatorNumericalWarning
 
 from gpext.errors import (
     ConvergenceWarning,
@@ -334,6 +335,8 @@ def fit_exact_gp(
     evaluations = 0
     with gpytorch.settings.max_cholesky_size(10**5), warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalWarning)
+        # linear_operator's own jitter warnings at rejected line-search trial points: noise
+        warnings.simplefilter("ignore", LinearOperatorNumericalWarning)
         warnings.simplefilter("ignore", ConvergenceWarning)  # re-issued for the best start only
         for r in range(num_restarts):
             model.load_state_dict(initial)

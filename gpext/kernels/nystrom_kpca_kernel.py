@@ -209,6 +209,12 @@ class NystromKPCAKernel(Kernel):
         If the hyperparameters changed since the decomposition, it is first refreshed (or
         :class:`~gpext.errors.NotFittedError` is raised, per ``on_hyperparameter_change``).
 
+        .. warning::
+            A GPyTorch ``ExactGP`` in eval mode caches its training solve and does not see
+            that the landmarks changed: call ``model.train(); model.eval()`` after
+            :meth:`update` and before predicting (the tutorial ``tutorials/kernels.ipynb``
+            measured predictions off by up to 12 without it).
+
         Args:
             landmarks: New landmarks, first row first. # shape: (d,) or (k, d)
 
