@@ -14,6 +14,7 @@ from gpext.errors import (
     InputDataError,
     InputTypeError,
     NotFittedError,
+    NumericalError,
     NumericalWarning,
     ShapeError,
     expected_got,
@@ -520,10 +521,13 @@ class IncrementalKPCA(torch.nn.Module):
                 stacklevel=3,
             )
         keep = int((evals > floor).sum())
-        if keep == 0:
-            raise NotFittedError(
-                "IncrementalKPCA: no eigenvalue above the floor eigenvalue_rtol * lambda_max; "
-                "add more (non-degenerate) points."
+        if keep == 0:  # a kernel matrix that is numerically zero (or NaN): a numerical failure,
+            # so that an optimiser's line search rejects such a trial point instead of stopping
+            raise NumericalError(
+                "IncrementalKPCA: no eigenvalue above the floor eigenvalue_rtol * lambda_max "
+                f"(largest {float(evals.max()) if evals.numel() else float('nan'):.3e}); the "
+                "kernel matrix of the stored points is numerically zero or not finite. Check the "
+                "kernel's hyperparameters, or add more (non-degenerate) points."
             )
         if num_components is not None:
             keep = min(keep, check_positive_int(num_components, "num_components"))

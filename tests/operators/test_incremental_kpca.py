@@ -358,3 +358,21 @@ class TestKernelChangeDetection:
             _kmat(kernel, torch.cat([x[:10].float().double(), x[10:]]), False)
         )
         torch.testing.assert_close(kpca.eigenvalues, ref.flip(0), rtol=0, atol=1e-12)
+
+
+def test_numerically_zero_kernel_matrix_is_a_numerical_error():
+    """A zero kernel matrix (e.g. an L-BFGS trial point with outputscale 0) must be a
+    NumericalError, which minimize_lbfgs rejects as a trial point, not a NotFittedError."""
+    import gpytorch
+
+    from gpext.errors import NumericalError
+    from gpext.operators import IncrementalKPCA
+
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    kpca = IncrementalKPCA(kernel, on_degenerate="record")
+    kpca.update(torch.randn(5, 2, dtype=torch.float64))
+    with torch.no_grad():
+        kernel.raw_outputscale.fill_(-1e4)  # outputscale underflows to 0
+    kpca.refit()
+    with pytest.raises(NumericalError, match="numerically zero"):
+        kpca.transform(torch.randn(3, 2, dtype=torch.float64))
