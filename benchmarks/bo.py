@@ -43,6 +43,7 @@ import math
 import statistics
 import time
 import warnings
+from collections import Counter
 
 import torch
 from _common import base_parser, out_dir
@@ -57,7 +58,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from gpext.bench import write_results
 from gpext.bootstrap import VBootRFF, fit_rbf_hyperparameters
-from gpext.errors import NumericalWarning
+from gpext.errors import GpextWarning, NumericalWarning
 from gpext.integrations.botorch import (
     IGNSurrogate,
     VBootSurrogate,
@@ -132,13 +133,14 @@ def run_one(problem: str, method: str, seed: int, cfg: dict) -> dict:
     y = evaluate(fn, x)
     g = torch.Generator().manual_seed(10_000 + seed)
     times = []
+    warned = Counter()  # warning class -> iterations in which it was issued (recorded, not hidden)
     for _ in range(cfg["iterations"]):
         t0 = time.perf_counter()
         if method == "random":
             cand = torch.rand(1, d, generator=g, dtype=DTYPE)
         else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 model = fit_surrogate(method, x, y, g, cfg)
                 acqf = LogExpectedImprovement(model, best_f=float(y.max()))
                 torch.manual_seed(seed * 1000 + len(y))  # optimize_acqf's raw samples
@@ -146,6 +148,7 @@ def run_one(problem: str, method: str, seed: int, cfg: dict) -> dict:
                     acqf, bounds, q=1, num_restarts=cfg["num_restarts"],
                     raw_samples=cfg["raw_samples"], options={"maxiter": cfg["maxiter"]},
                 )  # fmt: skip
+            warned.update({_warning_name(w.category) for w in caught})
         times.append(time.perf_counter() - t0)
         x = torch.cat([x, cand.detach()])
         y = torch.cat([y, evaluate(fn, cand.detach())])
@@ -158,7 +161,18 @@ def run_one(problem: str, method: str, seed: int, cfg: dict) -> dict:
         "initial_regret": float(fn.optimal_value) - float(y[:n_init].max()),
         "seconds_per_iteration": statistics.mean(times),
         "evaluations": len(y),
+        "warnings": dict(warned),
+        "gpext_warned_iterations": sum(
+            v for k, v in warned.items() if "." not in k  # gpext's own classes
+        ),
     }
+
+
+def _warning_name(category: type) -> str:
+    """gpext warnings by class name, others as ``module.Class`` (e.g. BoTorch's)."""
+    if issubclass(category, GpextWarning):
+        return category.__name__
+    return f"{category.__module__.split('.')[0]}.{category.__name__}"
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -181,6 +195,9 @@ def summarise(runs: list[dict]) -> list[dict]:
                     "regret_se": se,
                     "initial_regret_mean": statistics.mean(r["initial_regret"] for r in sel),
                     "seconds_per_iteration": statistics.mean(sec),
+                    "gpext_warned_iterations_mean": statistics.mean(
+                        r.get("gpext_warned_iterations", 0) for r in sel
+                    ),
                 }
             )
     return rows
