@@ -22,6 +22,7 @@ from gpext.errors import (
     VarianceCollapseWarning,
 )
 from gpext.fit.diagnostics import (
+    AUTO_VALIDATION_MIN_POINTS,
     check_explained_variance,
     check_predictions_vary,
     check_signal_to_noise,
@@ -39,6 +40,7 @@ from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
 from gpext.fit.train_loop import minibatch_indices, train_loop
 
 __all__ = [
+    "AUTO_VALIDATION_MIN_POINTS",
     "EVALUATION_ERRORS",
     "ConstantPredictionWarning",
     "ConvergenceWarning",

@@ -17,6 +17,9 @@ MIN_SIGNAL_TO_NOISE = 1e-3
 MIN_PREDICTION_SPREAD = 1e-3
 #: Share of the training targets' variance a fit must explain before it counts as a fit.
 MIN_EXPLAINED_VARIANCE = 0.1
+#: Smallest training set from which default fits hold out rows for early stopping and
+#: calibration (IGN's noise, GWI's temperature, the weight-subspace temperature).
+AUTO_VALIDATION_MIN_POINTS = 200
 
 
 def _record(result: FitResult | None, category: type[Warning], message: str, stacklevel: int):

@@ -26,6 +26,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
 from gpext.fit import FitResult, build_exact_gp, fit_exact_gp, minibatch_indices, train_loop
 from gpext.mlls import GWIObjective
 from gpext.mlls.gwi_objective import _check_beta
@@ -473,7 +474,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         self.register_buffer("temperature", torch.tensor(1.0))
 
     #: Smallest training set for which :meth:`fit` holds out 10% of the rows by default.
-    AUTO_VALIDATION_MIN_POINTS: int = 200
+    AUTO_VALIDATION_MIN_POINTS: int = _AUTO_VALIDATION_MIN_POINTS
     #: The default hold-out has at least this many rows (at most a quarter of the data): the
     #: temperature is a mean of squared standardised residuals, relative sd ``sqrt(2 / n)``.
     AUTO_VALIDATION_MIN_ROWS: int = 50

@@ -16,6 +16,7 @@ from gpext.errors import (
     VarianceCollapseWarning,
     expected_got,
 )
+from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
 from gpext.fit import FitResult, check_predictions_vary, minibatch_indices, train_loop
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
@@ -137,7 +138,7 @@ class InducingGPNetwork(gpytorch.Module):
     """
 
     #: Smallest training set for which :meth:`fit` holds out 10% of the rows by default.
-    AUTO_VALIDATION_MIN_POINTS: int = 200
+    AUTO_VALIDATION_MIN_POINTS: int = _AUTO_VALIDATION_MIN_POINTS
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.fit import AUTO_VALIDATION_MIN_POINTS
 from gpext.integrations.botorch._checks import check_query
 from gpext.integrations.botorch.weight_ensemble_surrogate import WeightEnsembleSurrogate
 from gpext.nn import HeteroscedasticMLP
@@ -135,7 +136,8 @@ def fit_weight_ensemble(
     y = y.squeeze(-1).detach()
     n, d = x.shape
     if validation_fraction is None:
-        validation_fraction = 0.1 if n >= 200 and method.startswith("pca") else 0.0
+        auto = n >= AUTO_VALIDATION_MIN_POINTS and method.startswith("pca")
+        validation_fraction = 0.1 if auto else 0.0
     if not (isinstance(validation_fraction, (int, float)) and 0 <= validation_fraction <= 0.5):
         raise InputDataError(
             expected_got("fit_weight_ensemble.validation_fraction", "a number in [0, 0.5] or None",
