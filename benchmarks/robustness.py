@@ -479,7 +479,9 @@ def main(argv=None) -> int:
                    choices=REG_MODELS + CLS_MODELS)  # fmt: skip
     p.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                    help="merge the rows of earlier runs (e.g. parallel runs over disjoint "
-                   "problems) into one results file instead of running")  # fmt: skip
+                   "problems, or a rerun of some models first and the earlier full run "
+                   "after it) into one results file instead of running; for a (problem, model) "
+                   "in several files the first file's rows are kept")  # fmt: skip
     args = p.parse_args(argv)
     if args.combine:
         return _combine(args)
@@ -551,11 +553,14 @@ def _combine(args) -> int:
     seen = set()
     for path in args.combine:
         data = json.loads(Path(path).read_text())
-        for row in data["rows"]:  # a baseline rerun in a later file is dropped
+        # the first file with a (problem, model) wins: a baseline or a model rerun in an
+        # earlier file replaces the later file's rows and per-seed records
+        for row in data["rows"]:
             if (row["dataset"], row["method"]) not in seen:
                 seen.add((row["dataset"], row["method"]))
                 rows.append(row)
-        per_seed.update(data.get("per_seed", {}))
+        for key, value in data.get("per_seed", {}).items():
+            per_seed.setdefault(key, value)
         commands.append(data["command"])
     order = {p: i for i, p in enumerate(PROBLEMS)}
     rows.sort(key=lambda r: order.get(r["dataset"], len(order)))

@@ -30,10 +30,11 @@ class InputAugmentedEmbedding(nn.Module):
     against feature distance.
 
     Measured on the 1-D and 2-D gap toys of ``benchmarks/robustness.py`` (standardised data,
-    ``MLP(d, [64, 64], 8)``, 32 inducing points, 200 epochs, 6 seeds): the share of gap
-    points more than 2 predictive sd from the mean fell from 0.175 to 0.088 (1-D) and from
-    0.147 to 0.067 (2-D) with ``input_scale=1``, with the in-range calibration unchanged
-    (0.026 vs 0.027 of test points beyond 2 sd in 1-D).
+    ``MLP(d, [64, 64], 8)``, 32 inducing points, 200 epochs, 10 seeds, IGN's default
+    learning rates): the share of gap points more than 2 predictive sd from the mean fell
+    from 0.224 to 0.060 (1-D) and from 0.143 to 0.106 (2-D) with ``input_scale=1``, with the
+    in-range coverage of the central 95% interval about the same (0.983 vs 0.978 in 1-D,
+    0.934 vs 0.936 in 2-D).
 
     Args:
         network: The feature network :math:`g`, mapping ``(N, D)`` to ``(N, d)``.

@@ -118,3 +118,30 @@ class TestSpectralNormalizedMLP:
         with pytest.raises(ValueError, match="shape"):
             g(torch.randn(4, 3))
         assert math.isfinite(float(g(torch.zeros(1, 2)).sum()))
+
+
+class TestSmallDataStepBudget:
+    """Small sets give few Adam steps; the default ``gp_lr`` must still let the noise fall."""
+
+    def test_default_gp_lr_scales_with_the_step_budget(self):
+        from gpext.models.inducing_gp_network import GP_PARAMETER_TRAVEL, default_gp_lr
+
+        assert default_gp_lr(1e-3, 200) == pytest.approx(GP_PARAMETER_TRAVEL / 200)
+        assert default_gp_lr(1e-3, 10**6) == pytest.approx(1e-2)
+        assert default_gp_lr(1e-3, 10) == pytest.approx(5e-2)  # capped for very short runs
+        assert default_gp_lr(0.2, 10) == pytest.approx(0.2)  # never below the embedding lr
+
+    def test_near_noise_free_small_set_learns_a_small_noise(self):
+        # 250 rows, one minibatch per epoch, 200 epochs: 200 steps.  With the former default
+        # gp_lr = 1e-2 the noise stopped near 0.10 Var(y) (raw noise moved ~2 units) while the
+        # true noise is 1e-4 Var(y); a regression of the yacht splits' 100% test coverage.
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(250, 2, generator=g, dtype=torch.float64) * 4 - 2
+        f = torch.sin(x[:, 0]) + 0.5 * x[:, 1] ** 2
+        y = f + 0.01 * torch.randn(250, generator=g, dtype=torch.float64)
+        my, sy = y.mean(), y.std()
+        y = (y - my) / sy
+        torch.manual_seed(0)
+        model = InducingGPNetwork(MLP(2, [64, 64], 8), num_inducing=32).double()
+        model.fit(x, y, epochs=200, validation_fraction=0.0, generator=g)
+        assert float(model.likelihood.noise) < 0.02
