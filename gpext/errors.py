@@ -11,6 +11,8 @@ Use :func:`expected_got` to build them consistently.
 
 from __future__ import annotations
 
+from linear_operator.utils.warnings import NumericalWarning as _LinearOperatorNumericalWarning
+
 __all__ = [
     "GpextError",
     "InputDataError",
@@ -87,8 +89,15 @@ class GpextWarning(UserWarning):
     """Base class of every warning issued by gpext."""
 
 
-class NumericalWarning(GpextWarning, RuntimeWarning):
-    """A numerical fallback was used (jitter added, eigenvalues clamped, ...)."""
+class NumericalWarning(GpextWarning, _LinearOperatorNumericalWarning):
+    """A numerical fallback was used (jitter added, eigenvalues clamped, ...).
+
+    Also a ``linear_operator.utils.warnings.NumericalWarning`` (the class GPyTorch's jitter
+    warnings use, itself a :class:`RuntimeWarning`), so a filter on that class, e.g.
+    ``warnings.filterwarnings("ignore", category=linear_operator.utils.warnings.NumericalWarning)``,
+    applies to gpext's numerical warnings as well; a filter on this class leaves
+    linear_operator's own warnings alone.
+    """
 
 
 class DataWarning(GpextWarning):

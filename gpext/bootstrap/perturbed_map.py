@@ -32,17 +32,20 @@ METHODS = ("auto", "primal", "dual")
 
 
 def _cholesky(a: torch.Tensor, what: str, jitter: float | None) -> torch.Tensor:
-    """Cholesky factor; on failure the relative jitter ``jitter`` (default 1e-8, 1e-6, 1e-4).
+    """Cholesky factor; on failure the relative jitter ``jitter`` (default from the settings).
 
     :func:`gpext.utils.safe_cholesky` with a zero first jitter, then ``jitter`` times the mean
-    diagonal (one retry), or, by default, 1e-8, 1e-6 and 1e-4 times it (each retry warns).
+    diagonal (one retry), or, by default, linear_operator's ``cholesky_jitter`` (1e-8 float64,
+    1e-6 float32) times it, then 100 and 10^4 times that (each retry warns).  The three x100
+    steps are this solver's own ladder, so ``cholesky_max_tries`` (calibrated for x10 steps,
+    and set to 6 by ``import botorch``) does not lengthen it.
     """
     return safe_cholesky(
         a,
         name=f"solve_perturbed_map: the {what} matrix",
         max_tries=1 if jitter is not None else 3,
         growth=100.0,
-        relative_floor=1e-8 if jitter is None else float(jitter),
+        relative_floor=None if jitter is None else float(jitter),
         hint="Use float64, fewer features or a larger noise.",
     )
 
@@ -120,7 +123,8 @@ def solve_perturbed_map(
         method: ``"auto"``, ``"primal"`` or ``"dual"`` (see the module docstring).
         gram_memory: Bytes allowed for cached group Gram matrices in the primal method.
         jitter: Relative diagonal jitter tried when a Cholesky factorisation fails (default:
-            ``1e-8``, ``1e-6``, ``1e-4`` in turn, each with a :class:`NumericalWarning`).
+            ``linear_operator.settings.cholesky_jitter``, ``1e-8`` in float64 and ``1e-6`` in
+            float32, then 100x and 10^4x that, each with a :class:`NumericalWarning`).
         show_progress: Progress bar over the outputs.
 
     Returns:

@@ -21,19 +21,17 @@ __all__ = ["FeatureSpaceInducingGP"]
 
 
 def _safe_cholesky(matrix: torch.Tensor, jitter: float, what: str) -> torch.Tensor:
-    """Cholesky factor of ``matrix + jitter I`` with up to three escalations of the jitter.
+    """Cholesky factor of ``matrix + jitter I``, escalating the jitter if that fails.
 
     :func:`gpext.utils.safe_cholesky` (x10 per retry, at least a dtype-relative floor of the
     mean diagonal, so a zero ``jitter`` escalates too; a
     :class:`~gpext.errors.NumericalWarning` per retry, :class:`~gpext.errors.NumericalError`
-    when all fail).  ``matrix`` has shape ``(*batch, n, n)``.
+    when all fail).  The number of retries and the floor follow linear_operator's
+    ``cholesky_max_tries`` (3) and ``cholesky_jitter`` (1e-6 float32, 1e-8 float64) settings.
+    ``matrix`` has shape ``(*batch, n, n)``.
     """
     return safe_cholesky(
-        matrix,
-        jitter=jitter,
-        name=what,
-        max_tries=3,
-        hint="Check for NaN features or use a float64 model.",
+        matrix, jitter=jitter, name=what, hint="Check for NaN features or use a float64 model."
     )
 
 

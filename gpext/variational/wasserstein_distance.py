@@ -20,6 +20,7 @@ import torch
 
 from gpext.errors import NumericalWarning, ShapeError, expected_got
 from gpext.utils import check_finite, safe_cholesky
+from gpext.utils.linalg import _relative_floor_setting
 
 __all__ = ["gaussian_wasserstein2", "safe_cholesky", "wasserstein2_estimate"]
 
@@ -142,7 +143,10 @@ def wasserstein2_estimate(
         r_ss: :math:`r(X_S, X_S)`. # shape: (*batch, N_S, N_S)
         jitter: Relative diagonal jitter for the two subsample Cholesky factors (multiplied by
             the mean diagonal); raised automatically with a
-            :class:`~gpext.errors.NumericalWarning` if a factorisation fails.
+            :class:`~gpext.errors.NumericalWarning` if a factorisation fails, at most
+            ``linear_operator.settings.cholesky_max_tries`` times and at least to
+            ``linear_operator.settings.cholesky_jitter`` (for the inputs' dtype) times the mean
+            diagonal (see :func:`gpext.utils.safe_cholesky`).
 
     Returns:
         The estimate :math:`\hat W^2 \ge 0` in the dtype of ``mean_q``. # shape: (*batch,)
@@ -191,8 +195,9 @@ def wasserstein2_estimate(
     trace_terms = k_diag.mean(-1) + r_diag.clamp_min(0).mean(-1)
     k_scale = k_ss.diagonal(dim1=-2, dim2=-1).mean().detach().clamp_min(1e-12)
     r_scale = r_ss.diagonal(dim1=-2, dim2=-1).mean().detach().clamp_min(1e-12)
-    # the jitter escalation follows the precision the Gram matrices were computed in
-    floor = 1e-8 if dtype == torch.float64 else 1e-6
+    # the jitter escalation follows the precision the Gram matrices were computed in: the floor
+    # is linear_operator's cholesky_jitter for the inputs' dtype (1e-8 float64, 1e-6 float32)
+    floor = _relative_floor_setting(dtype)
     chol_k = safe_cholesky(
         k_ss, jitter=float(jitter * k_scale), name="k(X_S, X_S)", relative_floor=floor
     )
