@@ -33,10 +33,12 @@ class TestFeasibilityWeightedAcquisition(BotorchTestCase):
             ucb = qUpperConfidenceBound(objective_model, beta=1.0,
                                         sampler=SobolQMCNormalSampler(torch.Size([8]), seed=0))  # fmt: skip
             clf = all_classifiers(dtype)["dirichlet"]
-            weighted = FeasibilityWeightedAcquisition(ucb, clf)
+            # qUCB can be negative: weighted as a0 + P (ucb - a0) with a0 a lower bound of qUCB
+            weighted = FeasibilityWeightedAcquisition(ucb, clf, infeasible_value=-10.0)
             self.assertFalse(weighted.log)
             Xq = torch.rand(4, 2, D, dtype=dtype)
-            expected = ucb(Xq) * clf.class_probabilities(Xq)[..., 1].prod(-1)
+            P = clf.class_probabilities(Xq)[..., 1].prod(-1)
+            expected = -10.0 + P * (ucb(Xq) + 10.0)
             self.assertTrue(torch.allclose(weighted(Xq), expected, rtol=1e-5))
 
     def test_classifiers_separate_feasible_region(self):

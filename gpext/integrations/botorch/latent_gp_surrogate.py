@@ -16,6 +16,10 @@ from linear_operator.operators import DiagLinearOperator
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
 from gpext.integrations.botorch._training_data import TrainingDataMixin
+from gpext.integrations.botorch.sample_ensemble_surrogate import (
+    _check_output_indices,
+    _subset_output_copy,
+)
 
 __all__ = ["LatentGPSurrogate"]
 
@@ -34,7 +38,9 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
     wrapped as a :class:`~botorch.posteriors.GPyTorchPosterior`: a ``MultivariateNormal``
     for one output, a ``MultitaskMultivariateNormal`` (outputs last) for several.  Input
     transforms are applied with :meth:`transform_inputs` (eval mode) and outcome transforms
-    with ``untransform_posterior``, exactly as in BoTorch's ``GPyTorchModel.posterior``.
+    with ``untransform_posterior``, exactly as in BoTorch's ``GPyTorchModel.posterior``; a
+    ``posterior_transform`` (e.g. ``ScalarizedPosteriorTransform``) acts on that Gaussian.
+    :meth:`subset_output` returns a copy exposing some of the ``m`` outputs.
 
     Subclasses owe:
 
@@ -53,6 +59,9 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
         outcome_transform: A BoTorch ``OutcomeTransform`` (regression only); applied to
             ``train_Y`` at construction.
     """
+
+    # outputs of the wrapped model this adapter exposes (set by ``subset_output``; None: all)
+    _output_subset: list[int] | None = None
 
     @property
     def num_outputs(self) -> int:
@@ -114,6 +123,9 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
             mvn.mean,
             to_linear_operator(mvn.lazy_covariance_matrix),
         )  # shape: (*b, m, q), (*b, m, q, q)
+        sub = self._output_subset
+        if sub is not None:
+            mean, cov = mean[..., sub, :], cov[..., sub, :, :]
         if observation_noise is not False:
             if isinstance(observation_noise, torch.Tensor):
                 expected = (*mean.shape[:-2], mean.shape[-1], mean.shape[-2])
@@ -134,18 +146,14 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
                         "True; this model has no observation-noise model (its outputs are "
                         "latent functions)."
                     )
+                if sub is not None and noise.shape[-2] != 1:
+                    noise = noise[..., sub, :]
             noise = noise.expand(mean.shape)
             cov = cov + DiagLinearOperator(noise)
         if output_indices is not None:
-            idx = list(output_indices)
-            if not idx or any(not 0 <= i < self.num_outputs for i in idx):
-                raise InputDataError(
-                    expected_got(
-                        f"{type(self).__name__}.posterior(output_indices)",
-                        f"a non-empty list of indices in [0, {self.num_outputs})",
-                        output_indices,
-                    )
-                )
+            idx = _check_output_indices(
+                output_indices, self.num_outputs, f"{type(self).__name__}.posterior(output_indices)"
+            )
             mean, cov = mean[..., idx, :], cov[..., idx, :, :]
         if mean.shape[-2] == 1:
             dist = MultivariateNormal(mean[..., 0, :], cov[..., 0, :, :])
@@ -159,6 +167,27 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
         if posterior_transform is not None:
             return posterior_transform(posterior=posterior, X=Xt)
         return posterior
+
+    def subset_output(self, idcs: list[int]) -> LatentGPSurrogate:
+        """A copy of the adapter whose posterior has only the outputs ``idcs``.
+
+        The outputs are independent given the data (see the class), so the subset posterior is
+        the marginal of the selected latent functions.
+
+        Args:
+            idcs: Output indices in ``[0, num_outputs)``.
+
+        Returns:
+            A deep copy with ``num_outputs == len(idcs)``; its posterior equals this model's
+            posterior with ``output_indices=idcs``.  A classifier's :meth:`class_probabilities`
+            are unaffected (they use every latent function).
+
+        Raises:
+            InputTypeError: If ``idcs`` is not a list of integers.
+            InputDataError: If ``idcs`` is empty or out of range.
+            NotImplementedError: (BoTorch's) if the outcome transform cannot be subset.
+        """
+        return _subset_output_copy(self, idcs)
 
     def class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
         """Predictive class probabilities (classifiers only); differentiable in ``X``.

@@ -2,19 +2,104 @@ r"""Base class of the BoTorch adapters of gpext's sample-based models (ensembles
 
 from __future__ import annotations
 
+import copy
+import numbers
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from botorch.acquisition.objective import PosteriorTransform
+from botorch.acquisition.objective import PosteriorTransform, ScalarizedPosteriorTransform
 from botorch.models.ensemble import EnsembleModel
+from botorch.models.model import Model
 from botorch.posteriors.ensemble import EnsemblePosterior
 
-from gpext.errors import InputDataError, NotFittedError, expected_got
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
 from gpext.integrations.botorch._training_data import TrainingDataMixin
 
 __all__ = ["SampleEnsembleSurrogate"]
+
+_ModelT = TypeVar("_ModelT", bound=Model)
+
+
+def _check_output_indices(idcs: object, num_outputs: int, what: str) -> list[int]:
+    """Validate a non-empty list of output indices in ``[0, num_outputs)``.
+
+    Args:
+        idcs: The indices.
+        num_outputs: Number of outputs ``m`` of the model.
+        what: Name used in messages, e.g. ``"VBootSurrogate.subset_output(idcs)"``.
+
+    Returns:
+        The indices as a list of ``int``.
+
+    Raises:
+        InputTypeError: If ``idcs`` is not a sequence of integers.
+        InputDataError: If it is empty or an index is out of range.
+    """
+    if isinstance(idcs, torch.Tensor):
+        idcs = idcs.tolist()
+    if not isinstance(idcs, (list, tuple)) or any(
+        isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in idcs
+    ):
+        raise InputTypeError(expected_got(what, "a list of int", repr(idcs)))
+    idx = [int(i) for i in idcs]
+    if not idx or any(not 0 <= i < num_outputs for i in idx):
+        raise InputDataError(
+            expected_got(what, f"a non-empty list of indices in [0, {num_outputs})", idx)
+        )
+    return idx
+
+
+def _deepcopy_detached(module: torch.nn.Module) -> torch.nn.Module:
+    """``copy.deepcopy(module)`` that copies graph-carrying cached tensors detached.
+
+    ``deepcopy`` refuses non-leaf tensors, which some submodules keep as attributes (e.g. a
+    training-batch loss cached for ``kl_divergence``).
+    """
+    memo: dict[int, object] = {}
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                memo[id(value)] = value.detach().clone()
+    return copy.deepcopy(module, memo)
+
+
+def _subset_output_copy(model: _ModelT, idcs: object) -> _ModelT:
+    r"""A deep copy of a gpext adapter restricted to the outputs ``idcs`` (``Model.subset_output``).
+
+    The copy keeps the wrapped model whole and records which of its outputs it exposes in
+    ``_output_subset`` (composed with the model's own subset, if any); its outcome transform is
+    ``outcome_transform.subset_output(idcs)`` and ``num_outputs`` is ``len(idcs)``.  ``train_Y``
+    keeps all columns: refitting the copy refits every output of the wrapped model, of which the
+    copy still exposes ``idcs``.
+
+    Args:
+        model: A :class:`SampleEnsembleSurrogate` or ``LatentGPSurrogate``.
+        idcs: Output indices, relative to ``model.num_outputs``.
+
+    Returns:
+        The restricted copy (a new object even when ``idcs`` selects every output).
+
+    Raises:
+        InputTypeError: If ``idcs`` is not a list of integers.
+        InputDataError: If ``idcs`` is empty or out of range.
+        NotImplementedError: (BoTorch's) if the outcome transform cannot be subset.
+    """
+    m = model.num_outputs
+    idx = _check_output_indices(idcs, m, f"{type(model).__name__}.subset_output(idcs)")
+    identity = idx == list(range(m))
+    octf = getattr(model, "outcome_transform", None)
+    new_octf = None if octf is None or identity else octf.subset_output(idcs=idx)
+    new = _deepcopy_detached(model)
+    if identity:
+        return new
+    base = model._output_subset if model._output_subset is not None else list(range(m))
+    new._output_subset = [base[i] for i in idx]
+    new._num_outputs = len(idx)
+    if new_octf is not None:
+        new.outcome_transform = new_octf
+    return new
 
 
 class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
@@ -35,6 +120,13 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     ``q`` points and Thompson sampling maximises one member.  The members are fixed once the
     model is built, so acquisition values are deterministic.
 
+    A posterior transform ``g`` (e.g. BoTorch's ``ScalarizedPosteriorTransform``) is applied to
+    every member, :math:`g(f^{(1)}), \dots, g(f^{(S)})`: the posterior of :math:`g(f)` under the
+    ensemble's distribution over functions is exactly this pushed-forward ensemble, so a
+    scalarisation :math:`w^\top f + b` has mean :math:`w^\top \bar f + b` and the members'
+    cross-output covariance in its variance.  :meth:`subset_output` returns a copy exposing some of
+    the outputs.
+
     Subclasses owe ``_members(X) -> Tensor`` mapping ``(N, d)`` inputs to ``(S, N, m)``
     member outputs (differentiable in ``X``), the attributes ``model``, ``_num_outputs`` and
     ``_input_dim``, and optionally ``_fit_wrapped(X, Y, **kwargs)`` and
@@ -47,6 +139,9 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         outcome_transform: BoTorch ``OutcomeTransform``; member values are untransformed (as in
             ``EnsembleModel.posterior``).
     """
+
+    # outputs of the wrapped model this adapter exposes (set by ``subset_output``; None: all)
+    _output_subset: list[int] | None = None
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -67,6 +162,8 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         """Member values at ``X`` (``batch x q x d``), shape ``batch x S x q x m``."""
         flat = X.reshape(-1, X.shape[-1])
         out = self._members(flat)  # shape: (S, N, m)
+        if self._output_subset is not None:
+            out = out[..., self._output_subset]
         out = out.reshape(out.shape[0], *X.shape[:-1], out.shape[-1])
         return out.movedim(0, -3)
 
@@ -79,37 +176,87 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     ) -> EnsemblePosterior:
         r"""The ensemble posterior at ``X`` (see ``EnsembleModel.posterior``).
 
+        As in BoTorch's ``EnsembleModel.posterior``, the member values are untransformed by the
+        outcome transform, then restricted to ``output_indices``, then passed through
+        ``posterior_transform``; here the transform is applied member by member (its
+        ``evaluate``), which is the exact posterior of the transformed outputs (see the class).
+
         Args:
             X: Query points. # shape: (*batch, q, d)
             output_indices: Outputs to keep (default all).
-            posterior_transform: Optional BoTorch ``PosteriorTransform``.
+            posterior_transform: Optional BoTorch ``PosteriorTransform`` (e.g.
+                ``ScalarizedPosteriorTransform(weights, offset)`` with ``weights`` of shape
+                ``(m,)``, or ``(len(output_indices),)``).
             **kwargs: ``observation_noise`` (``True`` is ignored, the members are latent
                 functions; a tensor raises BoTorch's ``UnsupportedError``).
 
         Returns:
-            An ``EnsemblePosterior`` with values of shape ``(*batch, S, q, m)``.
+            An ``EnsemblePosterior`` with values of shape ``(*batch, S, q, m)`` (``m = 1`` after a
+            scalarising transform).
 
         Raises:
             InputTypeError: If ``X`` is not a floating tensor of the model's dtype.
-            ShapeError: If ``X`` is not ``batch x q x d``.
+            ShapeError: If ``X`` is not ``batch x q x d``, or the weights of a
+                ``ScalarizedPosteriorTransform`` do not match the number of outputs.
             InputDataError: For non-finite ``X`` or invalid ``output_indices``.
         """
-        check_query(
-            X, self._input_dim, model_dtype(self.model), f"{type(self).__name__}.posterior(X)"
-        )
-        if output_indices is not None and (
-            not list(output_indices) or any(not 0 <= i < self.num_outputs for i in output_indices)
-        ):
-            raise InputDataError(
+        name = type(self).__name__
+        check_query(X, self._input_dim, model_dtype(self.model), f"{name}.posterior(X)")
+        if output_indices is not None:
+            output_indices = _check_output_indices(
+                output_indices, self.num_outputs, f"{name}.posterior(output_indices)"
+            )
+        posterior = super().posterior(X, output_indices=output_indices, **kwargs)
+        if posterior_transform is None:
+            return posterior
+        values = posterior.values.contiguous()  # shape: (*batch, S, q, m)
+        if isinstance(posterior_transform, ScalarizedPosteriorTransform):
+            w = posterior_transform.weights
+            if w.shape != values.shape[-1:]:
+                raise ShapeError(
+                    expected_got(
+                        f"{name}.posterior(posterior_transform)",
+                        f"ScalarizedPosteriorTransform weights of shape ({values.shape[-1]},) "
+                        "(one per output)",
+                        tuple(w.shape),
+                    )
+                )
+            if w.dtype != values.dtype or w.device != values.device:
+                posterior_transform = ScalarizedPosteriorTransform(
+                    w.to(values), offset=posterior_transform.offset
+                )
+        Xt = self.transform_inputs(X).unsqueeze(-3)  # shape: (*batch, 1, q, d)
+        out = posterior_transform.evaluate(values, X=Xt)
+        if out.dim() == values.dim() - 1:  # a scalarising transform drops the output dimension
+            out = out.unsqueeze(-1)
+        if out.dim() != values.dim() or out.shape[:-2] != values.shape[:-2]:
+            raise ShapeError(
                 expected_got(
-                    f"{type(self).__name__}.posterior(output_indices)",
-                    f"a non-empty list of indices in [0, {self.num_outputs})",
-                    output_indices,
+                    f"{name}.posterior(posterior_transform)",
+                    "a transform whose evaluate maps (*batch, q, m) outcomes to (*batch, q') or "
+                    "(*batch, q', m')",
+                    f"{tuple(out.shape)} from values of shape {tuple(values.shape)}",
                 )
             )
-        return super().posterior(
-            X, output_indices=output_indices, posterior_transform=posterior_transform, **kwargs
-        )
+        return EnsemblePosterior(values=out, weights=self.ensemble_weights)
+
+    def subset_output(self, idcs: list[int]) -> SampleEnsembleSurrogate:
+        """A copy of the adapter whose members have only the outputs ``idcs``.
+
+        Args:
+            idcs: Output indices in ``[0, num_outputs)``.
+
+        Returns:
+            A deep copy with ``num_outputs == len(idcs)``; its posterior equals this model's
+            posterior with ``output_indices=idcs``.  A classifier's :meth:`class_probabilities`
+            are unaffected (they average the softmax over all classes).
+
+        Raises:
+            InputTypeError: If ``idcs`` is not a list of integers.
+            InputDataError: If ``idcs`` is empty or out of range.
+            NotImplementedError: (BoTorch's) if the outcome transform cannot be subset.
+        """
+        return _subset_output_copy(self, idcs)
 
     def class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
         """Member-averaged class probabilities (classifiers only); differentiable in ``X``.
