@@ -7,6 +7,8 @@
   factorisation that fails, a non-finite loss) as a rejected trial point.
 * :func:`fit_exact_gp` with :func:`build_exact_gp`: MAP hyperparameters of exact GPs with
   dimension-scaled default priors, several starts and an Adam fallback.
+* :func:`minimize_scalar_on_grid`: grid plus golden-section search for the one-parameter
+  calibrations on held-out rows.
 * :class:`FitResult`: what every fit returns (loss trace, stop reason, final gradient norm,
   restarts, problems found).
 * Degenerate-fit checks that issue named warnings: :func:`check_signal_to_noise`,
@@ -37,6 +39,7 @@ from gpext.fit.exact_gp import (
 )
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
+from gpext.fit.scalar_search import minimize_scalar_on_grid
 from gpext.fit.train_loop import minibatch_indices, train_loop
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "check_signal_to_noise",
     "diagnose_exact_gp",
     "fit_exact_gp",
+    "minimize_scalar_on_grid",
     "lengthscale_prior",
     "log_prior",
     "minibatch_indices",

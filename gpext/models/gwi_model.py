@@ -27,7 +27,14 @@ from gpytorch.distributions import MultivariateNormal
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
-from gpext.fit import FitResult, build_exact_gp, fit_exact_gp, minibatch_indices, train_loop
+from gpext.fit import (
+    FitResult,
+    build_exact_gp,
+    fit_exact_gp,
+    minibatch_indices,
+    minimize_scalar_on_grid,
+    train_loop,
+)
 from gpext.mlls import GWIObjective
 from gpext.mlls.gwi_objective import _check_beta
 from gpext.utils import check_finite, check_positive_int
@@ -748,20 +755,9 @@ class GWIModel(gpytorch.models.ApproximateGP):
         with torch.no_grad():
             cache = self._predictive_cache(likelihood, x_val)
             f = lambda lt: self._tempered_nll(cache, y_val, math.exp(lt))  # noqa: E731
-            scores = [f(math.log(float(t))) for t in grid]
-            i = int(torch.tensor(scores).argmin())
-            lo = math.log(float(grid[max(i - 1, 0)]))
-            hi = math.log(float(grid[min(i + 1, len(grid) - 1)]))
-            g = (math.sqrt(5) - 1) / 2
-            for _ in range(30):
-                a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-                if f(a) < f(b):
-                    hi = b
-                else:
-                    lo = a
-            t = math.exp((lo + hi) / 2)
-            if f(math.log(t)) > scores[i]:
-                t = float(grid[i])
+            t = math.exp(
+                minimize_scalar_on_grid(f, [math.log(float(t)) for t in grid], iterations=30)[0]
+            )
         self.temperature.fill_(t)
         return t
 

@@ -17,7 +17,13 @@ from gpext.errors import (
     expected_got,
 )
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
-from gpext.fit import FitResult, check_predictions_vary, minibatch_indices, train_loop
+from gpext.fit import (
+    FitResult,
+    check_predictions_vary,
+    minibatch_indices,
+    minimize_scalar_on_grid,
+    train_loop,
+)
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
     as_float_tensor,
@@ -807,17 +813,7 @@ class InducingGPNetwork(gpytorch.Module):
             return float((r2 / v + v.log()).mean())
 
         grid = [math.log(scale) + t for t in torch.linspace(-18.4, 2.3, 61).tolist()]
-        values = [nll(g) for g in grid]
-        k = min(range(len(grid)), key=values.__getitem__)
-        lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
-        ratio = (math.sqrt(5.0) - 1.0) / 2.0
-        for _ in range(60):  # golden section inside the bracketing grid cell
-            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-            if nll(a) <= nll(b):
-                hi = b
-            else:
-                lo = a
-        new = math.exp(0.5 * (lo + hi))
+        new = math.exp(minimize_scalar_on_grid(nll, grid)[0])
         before = float(self.likelihood.noise.detach().mean())
         if not allow_decrease:
             new = max(new, before)

