@@ -50,7 +50,8 @@ unit cube).  Regression models, each with its defaults:
 * ``pca_ess``: ``HeteroscedasticMLP(d, [50])`` trained by ``train_sgd_trajectory`` (200 epochs,
   the last 50 collected), PCA subspace of rank 10, 32 elliptical-slice samples at temperature
   ``N / rank`` or, from 200 rows, chosen on a 10% hold-out by
-  ``SubspaceModel.select_temperature`` (``fit_weight_ensemble``'s defaults).
+  ``SubspaceModel.select_temperature`` together with its factor on the network's predicted
+  variances (``fit_weight_ensemble``'s defaults).
 
 Goals: zero silent failures for every gpext model; ``coverage95`` in [0.90, 0.98] on the UCI
 sets; for the GP-based models (``exact_gp``, ``vboot_rff``, ``ign``, ``ign_input_aware``, ``gwi``) ``gap_beyond_2sd``
