@@ -5,7 +5,9 @@
   :func:`refresh_batch_norm`.
 * Subspaces: :class:`PCASubspace` (:func:`randomized_svd`), :class:`InKPCASubspace`
   (incremental kernel PCA, 000).
-* Weight posteriors: :class:`SWAG`, :class:`MultiSWAG`, :class:`OnlineFactorAnalysis` (004).
+* Weight posteriors, one protocol (:class:`WeightPosterior`: ``mean``, ``sample``, ``log_prob``,
+  ``covariance`` as a LinearOperator): :class:`SWAG`, :class:`OnlineFactorAnalysis` (004), both
+  :class:`LowRankGaussianWeightPosterior`; mixtures :class:`WeightMixture`, :class:`MultiSWAG`.
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers.
 """
@@ -30,11 +32,17 @@ from gpext.subspace.sgd_trajectory import train_sgd_trajectory
 from gpext.subspace.subspace_model import SubspaceModel
 from gpext.subspace.swag import SWAG
 from gpext.subspace.trajectory_collector import TrajectoryCollector
+from gpext.subspace.weight_posterior import (
+    LowRankGaussianWeightPosterior,
+    WeightMixture,
+    WeightPosterior,
+)
 
 __all__ = [
     "EllipticalSliceSampler",
     "FlatParameters",
     "InKPCASubspace",
+    "LowRankGaussianWeightPosterior",
     "MeanFieldGaussian",
     "MultiSWAG",
     "OnlineFactorAnalysis",
@@ -43,6 +51,8 @@ __all__ = [
     "SWAG",
     "SubspaceModel",
     "TrajectoryCollector",
+    "WeightMixture",
+    "WeightPosterior",
     "classification_average",
     "has_batch_norm",
     "predict_weight_samples",

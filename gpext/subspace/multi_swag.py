@@ -1,83 +1,60 @@
-"""MultiSWAG: an equally weighted mixture of independently trained SWAG posteriors."""
+"""MultiSWAG: a mixture of independently trained weight posteriors (SWAG or factor analysis)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
-from gpext.errors import InputDataError, InputTypeError, expected_got
-from gpext.subspace.swag import SWAG
-from gpext.utils import check_positive_int
+from gpext.subspace.weight_posterior import WeightMixture, WeightPosterior
 
 __all__ = ["MultiSWAG"]
 
 
-class MultiSWAG(nn.Module):
-    r"""Mixture :math:`\frac1M \sum_{m=1}^M \mathcal{N}(\bar w_m, \Sigma_m)` of SWAG posteriors.
+class MultiSWAG(WeightMixture):
+    r"""Mixture :math:`\frac1M \sum_{m=1}^M \mathcal{N}(\bar w_m, \Sigma_m)` of weight posteriors.
 
-    Each component comes from a separate training run (Wilson & Izmailov 2020). Samples are
-    drawn in equal numbers from every component, so a Bayesian model average over them weights
-    the components equally.
+    Each component comes from a separate training run (Wilson & Izmailov 2020): usually a
+    :class:`~gpext.subspace.SWAG`, but any :class:`~gpext.subspace.WeightPosterior` mixes,
+    e.g. :class:`~gpext.subspace.OnlineFactorAnalysis` posteriors (004 argues for mixing
+    factor-analysis posteriors).  A :class:`~gpext.subspace.WeightMixture` with equal weights:
+    :meth:`sample` draws ``S`` weight vectors **in total**, ``S / M`` from every component
+    when ``M`` divides ``S`` (component by component), so a Bayesian model average over them
+    weights the components equally; ``mean`` is the mixture mean (a tensor, as for SWAG);
+    :meth:`covariance` a low-rank-plus-diagonal LinearOperator.
 
     Args:
-        components: The SWAG posteriors (same number of weights).
+        components: The weight posteriors (same number of weights).
 
     Raises:
-        InputTypeError: If a component is not a :class:`SWAG`.
+        InputTypeError: If a component is not a weight posterior.
         InputDataError: If the list is empty or the weight dimensions differ.
 
     Example:
         >>> multi = MultiSWAG([swag_a, swag_b])  # doctest: +SKIP
-        >>> multi.sample(5).shape               # doctest: +SKIP
+        >>> multi.sample(10).shape               # doctest: +SKIP
         torch.Size([10, D])
     """
 
-    def __init__(self, components: Sequence[SWAG]) -> None:
-        super().__init__()
-        components = list(components)
-        if not components:
-            raise InputDataError(expected_got("MultiSWAG(components)", "at least one SWAG", 0))
-        for c in components:
-            if not isinstance(c, SWAG):
-                raise InputTypeError(
-                    expected_got("MultiSWAG(components)", "SWAG instances", type(c).__name__)
-                )
-        dims = {c.num_parameters for c in components}
-        if len(dims) != 1:
-            raise InputDataError(
-                expected_got("MultiSWAG(components)", "equal numbers of weights", sorted(dims))
-            )
-        self.components = nn.ModuleList(components)
-
-    @property
-    def num_components(self) -> int:
-        """Number of mixture components ``M``."""
-        return len(self.components)
+    def __init__(self, components: Sequence[WeightPosterior]) -> None:
+        super().__init__(components)
 
     def sample(
         self,
-        num_samples_per_component: int,
+        num_samples: int,
         *,
-        scale: float = 0.5,
+        scale: float | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Draw the same number of weight vectors from every component.
+        """``num_samples`` draws in all, split equally over the components.
 
         Args:
-            num_samples_per_component: Draws ``S`` per component.
-            scale: Covariance scale of each SWAG.
+            num_samples: Total draws ``S``.
+            scale: Covariance scale of every component (default: each component's own).
             generator: Random generator.
 
         Returns:
-            Samples, component by component. # shape: (M * S, D)
+            Samples, component by component. # shape: (S, D)
         """
-        s = check_positive_int(
-            num_samples_per_component, "MultiSWAG.sample.num_samples_per_component"
-        )
-        return torch.cat([c.sample(s, scale=scale, generator=generator) for c in self.components])
-
-    def mean(self) -> torch.Tensor:
-        """Mixture mean. # shape: (D,)"""
-        return torch.stack([c.mean for c in self.components]).mean(0)
+        kwargs = {} if scale is None else {"scale": scale}
+        return super().sample(num_samples, generator=generator, **kwargs)

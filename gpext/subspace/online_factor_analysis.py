@@ -6,7 +6,6 @@ import math
 import warnings
 
 import torch
-from torch import nn
 
 from gpext.errors import (
     InputDataError,
@@ -16,6 +15,7 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
+from gpext.subspace.weight_posterior import LowRankGaussianWeightPosterior
 from gpext.utils import as_float_tensor, check_finite, check_float_dtype, check_positive_int
 
 __all__ = ["OnlineFactorAnalysis"]
@@ -24,7 +24,7 @@ _METHODS = ("em", "sga")
 _STATISTICS = ("consistent", "thesis")
 
 
-class OnlineFactorAnalysis(nn.Module):
+class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
     r"""A factor-analysis Gaussian :math:`\mathcal{N}(c, F F^\top + \Psi)` fitted one sample at a time.
 
     The model (004 Eq. 2.1-2.3) is :math:`\theta = F h + c + \varepsilon`,
@@ -76,6 +76,11 @@ class OnlineFactorAnalysis(nn.Module):
     * ``method="sga"`` (004 Algorithm 1, Eq. 4.24-4.26): one gradient-ascent step of size
       ``learning_rate`` on :math:`F` and on :math:`\beta = \log\psi`.
 
+    As a weight posterior (``theta`` the weights of an SGD trajectory, 004) it is a
+    :class:`~gpext.subspace.LowRankGaussianWeightPosterior` with :math:`F` the loadings and
+    :math:`\psi` the diagonal: :meth:`sample`, :meth:`log_prob` (Woodbury) and
+    :meth:`covariance` (a low-rank-plus-diagonal LinearOperator), default ``scale`` 1.
+
     During the first ``warmup`` observations only the running averages are updated; :math:`F`
     (initialised with orthonormal columns, 004 Sec. 4.3) and :math:`\psi = 1` stay fixed.
 
@@ -106,7 +111,7 @@ class OnlineFactorAnalysis(nn.Module):
         >>> fa = OnlineFactorAnalysis(dim=20, latent_dim=3)
         >>> fa.update(torch.randn(500, 20, dtype=torch.float64))
         OnlineFactorAnalysis()
-        >>> fa.covariance().shape
+        >>> fa.covariance().to_dense().shape
         torch.Size([20, 20])
     """
 
@@ -286,38 +291,19 @@ class OnlineFactorAnalysis(nn.Module):
         self.num_observations_ += x.shape[0]
         self.num_psi_clamped_ += clamped
 
-    def covariance(self) -> torch.Tensor:
-        """Dense :math:`F F^\\top + \\operatorname{diag}(\\psi)` (small ``D`` only). # shape: (D, D)"""
+    @property
+    def num_parameters(self) -> int:
+        """Observation dimension ``D`` (the weight-posterior protocol's name for ``dim``)."""
+        return self.dim
+
+    def factor(self) -> torch.Tensor:
+        """The loadings ``F`` (after a fitted-state check). # shape: (D, K)"""
         self._check_fitted()
-        return self.loadings @ self.loadings.mT + torch.diag(self.psi)
+        return self.loadings
 
-    def sample(
-        self,
-        num_samples: int,
-        *,
-        scale: float = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        r"""Draw :math:`c + \sqrt{\text{scale}}\,(F z_1 + \psi^{1/2} \odot z_2)`.
-
-        Args:
-            num_samples: Number of draws ``S``.
-            scale: Covariance scale (0.5 is SWAG's usual choice for weights).
-            generator: Random generator.
-
-        Returns:
-            Samples. # shape: (S, D)
-        """
-        self._check_fitted()
-        num_samples = check_positive_int(num_samples, "OnlineFactorAnalysis.sample.num_samples")
-        if not scale >= 0:
-            raise InputDataError(
-                expected_got("OnlineFactorAnalysis.sample.scale", "a number >= 0", scale)
-            )
-        kw = {"dtype": self.mean.dtype, "generator": generator}
-        z1 = torch.randn(num_samples, self.latent_dim, **kw).to(self.mean.device)
-        z2 = torch.randn(num_samples, self.dim, **kw).to(self.mean.device)
-        return self.mean + math.sqrt(scale) * (z1 @ self.loadings.mT + z2 * self.psi.sqrt())
+    def diagonal_variance(self) -> torch.Tensor:
+        r"""The diagonal :math:`\psi`. # shape: (D,)"""
+        return self.psi
 
     def _check_fitted(self) -> None:
         if self.num_observations <= self.warmup:
@@ -327,5 +313,5 @@ class OnlineFactorAnalysis(nn.Module):
                 f"OnlineFactorAnalysis: only {self.num_observations} observations, not past the "
                 f"warm-up of {self.warmup}; F and psi are still their initial values.",
                 NumericalWarning,
-                stacklevel=3,
+                stacklevel=4,
             )

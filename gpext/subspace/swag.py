@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.subspace.trajectory_collector import TrajectoryCollector
-from gpext.utils import check_finite, check_positive_int
+from gpext.subspace.weight_posterior import LowRankGaussianWeightPosterior
+from gpext.utils import check_finite
 
 __all__ = ["SWAG"]
 
 
-class SWAG(nn.Module):
+class SWAG(LowRankGaussianWeightPosterior):
     r"""The SWAG posterior :math:`\mathcal{N}(\bar w, \tfrac{1}{2}(\Sigma_{\text{diag}} + \Sigma_{\text{low-rank}}))`.
 
     From the SWA mean :math:`\bar w`, the second moment :math:`\overline{w^2}` and the ``K``
@@ -29,14 +29,20 @@ class SWAG(nn.Module):
 
     :math:`z_1 \sim \mathcal{N}(0, I_D)`, :math:`z_2 \sim \mathcal{N}(0, I_K)`, so the sample
     covariance is ``scale`` times :math:`\Sigma_{\text{diag}} + \Sigma_{\text{low-rank}}`
-    (:meth:`covariance`). ``scale = 0.5`` is the usual choice. ``K - 1`` counts the deviations
-    really collected, not the buffer size.
+    (:meth:`covariance`, a low-rank-plus-diagonal LinearOperator). ``scale = 0.5`` is the usual
+    choice. ``K - 1`` counts the deviations really collected, not the buffer size.  SWAG is a
+    :class:`~gpext.subspace.LowRankGaussianWeightPosterior` with
+    :math:`F = \hat D^\top / \sqrt{K - 1}` and :math:`\psi = \overline{w^2} - \bar w^2`, so it
+    also has :meth:`log_prob` (with ``diagonal=True``) and mixes with other weight posteriors in
+    :class:`~gpext.subspace.WeightMixture`.
 
     Args:
         mean: SWA mean. # shape: (D,)
         sq_mean: Running mean of squared weights. # shape: (D,)
         deviations: Deviations, one per row (``K >= 2``). # shape: (K, D)
         diagonal: Include :math:`\Sigma_{\text{diag}}` (``False``: low-rank only).
+        scale: Default covariance scale of :meth:`sample`, :meth:`covariance` and
+            :meth:`log_prob`.
 
     Raises:
         ShapeError: On inconsistent shapes.
@@ -57,6 +63,7 @@ class SWAG(nn.Module):
         deviations: torch.Tensor,
         *,
         diagonal: bool = True,
+        scale: float = 0.5,
     ) -> None:
         super().__init__()
         if mean.dim() != 1 or sq_mean.shape != mean.shape:
@@ -85,12 +92,15 @@ class SWAG(nn.Module):
         for name, t in (("mean", mean), ("sq_mean", sq_mean), ("deviations", deviations)):
             check_finite(t, f"SWAG({name})")
         self.diagonal = bool(diagonal)
+        self.scale = self._scale(scale, "SWAG.scale")
         self.register_buffer("mean", mean.detach().clone())
         self.register_buffer("variance", (sq_mean - mean**2).detach().clamp_min(0.0))
         self.register_buffer("deviations", deviations.detach().clone())
 
     @classmethod
-    def from_trajectory(cls, trajectory: TrajectoryCollector, *, diagonal: bool = True) -> SWAG:
+    def from_trajectory(
+        cls, trajectory: TrajectoryCollector, *, diagonal: bool = True, scale: float = 0.5
+    ) -> SWAG:
         """Build from a :class:`~gpext.subspace.TrajectoryCollector`.
 
         Raises:
@@ -101,7 +111,13 @@ class SWAG(nn.Module):
             raise NotFittedError(
                 "SWAG.from_trajectory: the trajectory is empty; collect weights first."
             )
-        return cls(trajectory.mean, trajectory.sq_mean, trajectory.deviations(), diagonal=diagonal)
+        return cls(
+            trajectory.mean,
+            trajectory.sq_mean,
+            trajectory.deviations(),
+            diagonal=diagonal,
+            scale=scale,
+        )
 
     @property
     def num_parameters(self) -> int:
@@ -113,37 +129,10 @@ class SWAG(nn.Module):
         """Number of deviations ``K``."""
         return int(self.deviations.shape[0])
 
-    def sample(
-        self,
-        num_samples: int,
-        *,
-        scale: float = 0.5,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Draw weight vectors.
+    def factor(self) -> torch.Tensor:
+        r""":math:`F = \hat D^\top / \sqrt{K - 1}`. # shape: (D, K)"""
+        return self.deviations.mT / math.sqrt(self.rank - 1)
 
-        Args:
-            num_samples: Number of draws ``S``.
-            scale: Covariance scale.
-            generator: Random generator.
-
-        Returns:
-            Samples. # shape: (S, D)
-        """
-        num_samples = check_positive_int(num_samples, "SWAG.sample.num_samples")
-        if not scale >= 0:
-            raise InputDataError(expected_got("SWAG.sample.scale", "a number >= 0", scale))
-        kw = {"dtype": self.mean.dtype, "generator": generator}
-        z2 = torch.randn(num_samples, self.rank, **kw).to(self.mean.device)
-        out = z2 @ self.deviations / math.sqrt(self.rank - 1)
-        if self.diagonal:
-            z1 = torch.randn(num_samples, self.num_parameters, **kw).to(self.mean.device)
-            out = out + z1 * self.variance.sqrt()
-        return self.mean + math.sqrt(scale) * out
-
-    def covariance(self, *, scale: float = 0.5) -> torch.Tensor:
-        """Dense covariance of :meth:`sample` (small ``D`` only). # shape: (D, D)"""
-        cov = self.deviations.mT @ self.deviations / (self.rank - 1)
-        if self.diagonal:
-            cov = cov + torch.diag(self.variance)
-        return scale * cov
+    def diagonal_variance(self) -> torch.Tensor | None:
+        r""":math:`\overline{w^2} - \bar w^2` with ``diagonal=True``, else ``None``. # shape: (D,)"""
+        return self.variance if self.diagonal else None

@@ -90,7 +90,7 @@ class TestSampleEnsembleSurrogates(BotorchTestCase):
         model = WeightEnsembleSurrogate.from_swag(net, MultiSWAG(swags), 3, generator=g)
         self.assertEqual(model.num_members, 6)
         g2 = torch.Generator().manual_seed(0)
-        expected = MultiSWAG(swags).sample(3, generator=g2)
+        expected = MultiSWAG(swags).sample(6, generator=g2)  # 6 in all, 3 per component
         self.assertTrue(torch.allclose(model.sample_weights, expected))
         sub = SubspaceModel(net, swags[0].mean, torch.randn(2, d, dtype=torch.float64),
                             OutputLikelihood("gaussian"))  # fmt: skip

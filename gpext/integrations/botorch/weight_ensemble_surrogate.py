@@ -7,7 +7,14 @@ from torch import nn
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
-from gpext.subspace import SWAG, FlatParameters, MultiSWAG, OutputLikelihood, SubspaceModel
+from gpext.subspace import (
+    SWAG,
+    FlatParameters,
+    MultiSWAG,
+    OutputLikelihood,
+    SubspaceModel,
+    WeightPosterior,
+)
 from gpext.utils import check_finite, check_positive_int
 
 __all__ = ["WeightEnsembleSurrogate"]
@@ -30,9 +37,12 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
             \text{ (subspace ESS / VI, 000 Eq. 2)},
 
     built by :meth:`from_swag` (a :class:`~gpext.subspace.SWAG` or
-    :class:`~gpext.subspace.MultiSWAG`) or :meth:`from_subspace` (a
+    :class:`~gpext.subspace.MultiSWAG`), :meth:`from_posterior` (any
+    :class:`~gpext.subspace.WeightPosterior`, e.g. online factor analysis) or :meth:`from_subspace` (a
     :class:`~gpext.subspace.SubspaceModel` and its samples).
     :func:`~gpext.integrations.botorch.fit_weight_ensemble` trains one from data.
+    ``condition_on_observations`` and ``fantasize`` use the members' mean predicted noise
+    variance (regression) as the observation noise.
 
     Args:
         module: The network (in eval mode; batch-norm statistics are the module's own).
@@ -120,6 +130,62 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
                     ) from err
 
     @classmethod
+    def from_posterior(
+        cls,
+        module: nn.Module,
+        posterior: WeightPosterior,
+        num_samples: int,
+        *,
+        likelihood: OutputLikelihood | None = None,
+        generator: torch.Generator | None = None,
+        input_dim: int | None = None,
+        input_transform: nn.Module | None = None,
+        outcome_transform: nn.Module | None = None,
+        **sample_kwargs,
+    ) -> WeightEnsembleSurrogate:
+        """Members drawn from any weight posterior: SWAG, factor analysis, a mixture.
+
+        Args:
+            module: The network the weights belong to.
+            posterior: A :class:`~gpext.subspace.WeightPosterior` over ``module``'s flat
+                weights (:class:`~gpext.subspace.SWAG`,
+                :class:`~gpext.subspace.OnlineFactorAnalysis`,
+                :class:`~gpext.subspace.MultiSWAG` / :class:`~gpext.subspace.WeightMixture`).
+            num_samples: Number of members ``S`` (in all, also for mixtures).
+            likelihood: How to read the output.
+            generator: Random generator of the draws.
+            input_dim: See the class.
+            input_transform: See the class.
+            outcome_transform: See the class.
+            **sample_kwargs: Passed to ``posterior.sample`` (e.g. ``scale``).
+
+        Returns:
+            The adapter.
+
+        Raises:
+            InputTypeError: If ``posterior`` is not a weight posterior.
+        """
+        if not isinstance(posterior, WeightPosterior):
+            raise InputTypeError(
+                expected_got(
+                    "WeightEnsembleSurrogate.from_posterior(posterior)",
+                    "a gpext.subspace.WeightPosterior (SWAG, OnlineFactorAnalysis, MultiSWAG, "
+                    "WeightMixture)",
+                    type(posterior).__name__,
+                )
+            )
+        n = check_positive_int(num_samples, "WeightEnsembleSurrogate.from_posterior(num_samples)")
+        weights = posterior.sample(n, generator=generator, **sample_kwargs)
+        return cls(
+            module,
+            weights,
+            likelihood,
+            input_dim=input_dim,
+            input_transform=input_transform,
+            outcome_transform=outcome_transform,
+        )
+
+    @classmethod
     def from_swag(
         cls,
         module: nn.Module,
@@ -133,7 +199,7 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         input_transform: nn.Module | None = None,
         outcome_transform: nn.Module | None = None,
     ) -> WeightEnsembleSurrogate:
-        """Members drawn from a SWAG or MultiSWAG posterior.
+        """Members drawn from a SWAG or MultiSWAG posterior (see :meth:`from_posterior`).
 
         Args:
             module: The network the weights belong to.
@@ -156,16 +222,20 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
             raise InputTypeError(
                 expected_got(
                     "WeightEnsembleSurrogate.from_swag(posterior)",
-                    "a SWAG or MultiSWAG",
+                    "a SWAG or MultiSWAG (from_posterior takes any weight posterior)",
                     type(posterior).__name__,
                 )
             )
         n = check_positive_int(num_samples, "WeightEnsembleSurrogate.from_swag(num_samples)")
-        weights = posterior.sample(n, scale=scale, generator=generator)
-        return cls(
+        if isinstance(posterior, MultiSWAG):
+            n = n * posterior.num_components
+        return cls.from_posterior(
             module,
-            weights,
-            likelihood,
+            posterior,
+            n,
+            scale=scale,
+            likelihood=likelihood,
+            generator=generator,
             input_dim=input_dim,
             input_transform=input_transform,
             outcome_transform=outcome_transform,
@@ -235,6 +305,13 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         if self.likelihood.is_regression:
             return self.likelihood.mean_variance(out)[0].reshape(out.shape[0], X.shape[0], 1)
         return out
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        # the members' mean predicted noise variance (the fixed variance of "gaussian")
+        if not self.likelihood.is_regression:
+            return None
+        var = self.likelihood.mean_variance(self._outputs(X))[1]  # shape: (S, N)
+        return var.mean(0).reshape(X.shape[0], 1)
 
     def _member_class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
         if self.likelihood.is_regression:
