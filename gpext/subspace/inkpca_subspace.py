@@ -47,12 +47,29 @@ class InKPCASubspace(nn.Module):
     with a batch eigendecomposition (IncrementalKPCA has no downdate), with a
     :class:`~gpext.errors.DataWarning` the first time.
 
+    Lengthscale of stationary kernels: a kernel that compares weight deviations needs a
+    lengthscale on their scale (deviation norms are often 10-100), and GPyTorch's initial 0.69
+    makes the kernel matrix the identity: every deviation looks unrelated to every other, and
+    the kernel principal axes are arbitrary (on real deviations of norm about 23 an RBF
+    subspace of rank 5 spanned only 3 dimensions).  With ``lengthscale="median"`` the first
+    ``num_init`` non-zero deviations are buffered, the lengthscale is set to their median
+    pairwise distance (the median heuristic), and the buffered deviations are then added in
+    arrival order.  The default ``"auto"`` does so only when the kernel's lengthscale is still
+    GPyTorch's initial value (its raw parameter exactly 0); a number sets it; ``None`` leaves
+    the kernel alone.  Whatever the choice, once ``num_init`` deviations are in, their
+    correlation matrix :math:`k_{ij} / \sqrt{k_{ii} k_{jj}}` is checked and a
+    :class:`~gpext.errors.NumericalWarning` says if it is nearly the identity (all
+    off-diagonal entries below 0.01) or nearly constant (all above 0.999).
+
     Args:
         rank: Subspace dimension ``r``.
         kernel: A GPyTorch kernel on weight vectors; default the linear kernel with variance 1.
         centered: Decompose the centred kernel matrix (kernel PCA with mean adjustment).
         max_points: Capacity ``m`` (``None``: unbounded).
         dtype: Dtype of the decomposition (``torch.float64`` recommended).
+        lengthscale: ``"auto"`` (default), ``"median"``, a positive number or ``None`` (see
+            above); ignored for kernels without a lengthscale (the linear kernel).
+        num_init: Non-zero deviations used for the median rule and the kernel-matrix check.
 
     Example:
         >>> sub = InKPCASubspace(rank=2)
@@ -70,6 +87,8 @@ class InKPCASubspace(nn.Module):
         centered: bool = False,
         max_points: int | None = None,
         dtype: torch.dtype = torch.float64,
+        lengthscale: float | str | None = "auto",
+        num_init: int = 5,
     ) -> None:
         super().__init__()
         self.rank = check_positive_int(rank, "InKPCASubspace.rank")
@@ -81,16 +100,43 @@ class InKPCASubspace(nn.Module):
         if kernel is None:
             kernel = LinearKernel()
             kernel.variance = 1.0
+        self.num_init = check_positive_int(num_init, "InKPCASubspace.num_init", minimum=2)
+        self._lengthscale_module = _lengthscale_module(kernel)
+        valid = lengthscale in (None, "auto", "median") or (
+            isinstance(lengthscale, (int, float))
+            and not isinstance(lengthscale, bool)
+            and math.isfinite(lengthscale)
+            and lengthscale > 0
+        )
+        if not valid:
+            raise InputDataError(
+                expected_got("InKPCASubspace.lengthscale",
+                             "'auto', 'median', a positive number or None", lengthscale)
+            )  # fmt: skip
+        if self._lengthscale_module is not None and isinstance(lengthscale, (int, float)):
+            self._lengthscale_module.lengthscale = float(lengthscale)
+        if lengthscale == "auto":
+            untouched = self._lengthscale_module is not None and bool(
+                (self._lengthscale_module.raw_lengthscale == 0).all()
+            )
+            lengthscale = "median" if untouched else None
+        self.lengthscale_rule = lengthscale if self._lengthscale_module is not None else None
         self.kpca = IncrementalKPCA(
             kernel.to(dtype), centered=centered, dtype=dtype, on_degenerate="record"
         )
+        #: Deviations held back for the median rule until ``num_init`` non-zero ones arrived
+        #: (``None``: feeding directly).
+        self._pending: list[torch.Tensor] | None = [] if self.lengthscale_rule == "median" else None
+        self._checked = False
         self._cache: torch.Tensor | None = None
         self._out_dtype = dtype
         self._warned_overflow = False
 
     @property
     def num_points(self) -> int:
-        """Number of deviations held."""
+        """Number of deviations held (buffered ones included)."""
+        if self._pending is not None:
+            return len(self._pending)
         return self.kpca.num_points
 
     def update(self, deviations: torch.Tensor) -> InKPCASubspace:
@@ -117,6 +163,54 @@ class InKPCASubspace(nn.Module):
             )
         if not bool(torch.isfinite(x.sum())):  # one cheap pass; the entry-wise check if needed
             check_finite(x, "InKPCASubspace.update(deviations)")
+        if self._pending is not None:
+            self._pending.extend(x.unbind(0))
+            if sum(1 for d in self._pending if bool(d.any())) < self.num_init:
+                self._cache = None
+                return self
+            x = self._start()
+        self._feed(x)
+        self._cache = None
+        return self
+
+    def _start(self) -> torch.Tensor:
+        """Apply the lengthscale rule and the kernel-matrix check to the buffered deviations."""
+        pending, self._pending = self._pending, None
+        x = torch.stack(pending)
+        nonzero = x[x.abs().sum(-1) > 0][: self.num_init].to(self.kpca.dtype)
+        if nonzero.shape[0] >= 2:
+            if self.lengthscale_rule == "median":
+                dist = torch.cdist(nonzero, nonzero)
+                positive = dist[dist > 0]
+                if positive.numel():
+                    self._lengthscale_module.lengthscale = float(positive.median())
+            self._check_kernel_matrix(nonzero)
+            self._checked = True
+        return x
+
+    def _check_kernel_matrix(self, points: torch.Tensor) -> None:
+        with torch.no_grad():
+            k = self.kpca.kernel(points, points).to_dense()
+        d = k.diagonal().clamp_min(torch.finfo(k.dtype).tiny).sqrt()
+        corr = k / d[:, None] / d[None, :]
+        off = corr[~torch.eye(corr.shape[0], dtype=torch.bool, device=corr.device)]
+        what = None
+        if bool((off.abs() < 1e-2).all()):
+            what = "nearly the identity: the kernel sees every deviation as unrelated"
+        elif bool((off > 0.999).all()):
+            what = "nearly constant: the kernel sees every deviation as the same"
+        if what is not None:
+            dist = torch.cdist(points, points)
+            warnings.warn(
+                f"InKPCASubspace: the kernel matrix of the first {points.shape[0]} deviations is "
+                f"{what} (median pairwise distance {float(dist[dist > 0].median()):.3g}); the "
+                "kernel principal axes are then arbitrary. Set the kernel's lengthscale to the "
+                "scale of the deviations (lengthscale='median').",
+                NumericalWarning,
+                stacklevel=4,
+            )
+
+    def _feed(self, x: torch.Tensor) -> None:
         if self.max_points is not None and self.num_points == 0:
             # Known budget: one block for all deviations, no growth copies.
             self.kpca.reserve(self.max_points, x.shape[-1])
@@ -134,8 +228,12 @@ class InKPCASubspace(nn.Module):
                 self.kpca.fit(torch.cat([kept, row.to(kept)[None]]))
             else:
                 self.kpca.update(row)
-        self._cache = None
-        return self
+        if not self._checked and self.kpca.num_points >= self.num_init:
+            points = self.kpca.points
+            nonzero = points[points.abs().sum(-1) > 0][: self.num_init]
+            if nonzero.shape[0] >= min(self.num_init, 2):
+                self._check_kernel_matrix(nonzero)
+                self._checked = True
 
     def fit(self, deviations: torch.Tensor) -> InKPCASubspace:
         """Forget everything and add the rows of ``deviations`` one by one, in order.
@@ -145,6 +243,8 @@ class InKPCASubspace(nn.Module):
         """
         self.kpca.reset()
         self._warned_overflow = False
+        self._pending = [] if self.lengthscale_rule == "median" else None
+        self._checked = False
         return self.update(deviations)
 
     @property
@@ -155,6 +255,8 @@ class InKPCASubspace(nn.Module):
             InputDataError: With fewer than two deviations or ``rank`` above their number.
         """
         if self._cache is None:
+            if self._pending:  # fewer than num_init non-zero deviations so far: start anyway
+                self._feed(self._start())
             self._cache = self._compute_projection()
         return self._cache
 
@@ -193,3 +295,11 @@ class InKPCASubspace(nn.Module):
         dirs = dirs[:, keep] / norms[keep]
         scales = (points @ dirs).norm(dim=0) / math.sqrt(m - 1)
         return (scales.unsqueeze(-1) * dirs.mT).to(self._out_dtype)
+
+
+def _lengthscale_module(kernel: Kernel) -> Kernel | None:
+    """The (first) sub-kernel with a lengthscale, e.g. the RBF inside a ScaleKernel."""
+    for module in kernel.modules():
+        if isinstance(module, Kernel) and getattr(module, "has_lengthscale", False):
+            return module
+    return None
