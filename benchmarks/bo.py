@@ -56,7 +56,6 @@ from botorch.test_functions import Ackley, Hartmann
 from botorch.utils.sampling import draw_sobol_samples
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
-from gpext.bench import write_results
 from gpext.bootstrap import VBootRFF, fit_rbf_hyperparameters
 from gpext.errors import GpextWarning, NumericalWarning
 from gpext.integrations.botorch import (
@@ -67,6 +66,7 @@ from gpext.integrations.botorch import (
 )
 from gpext.models import InducingGPNetwork
 from gpext.nn import MLP
+from gpext_bench import write_results
 
 METHODS = ("singletaskgp", "ign", "vboot_rff", "pca_ess", "swag", "random")
 DTYPE = torch.float64

@@ -47,9 +47,9 @@ from pathlib import Path
 import torch
 from _common import base_parser, out_dir
 
-import gpext.bench.methods_classification  # noqa: F401  (registers the methods)
-from gpext.bench import BenchConfig, run_benchmark, write_results
-from gpext.bench.results import aggregate_rows, format_markdown_table, invocation
+import gpext_bench.methods_classification  # noqa: F401  (registers the methods)
+from gpext_bench import BenchConfig, run_benchmark, write_results
+from gpext_bench.results import aggregate_rows, format_markdown_table, invocation
 
 METRICS = ["error", "mnll", "ece", "brier", "seconds"]
 ROBUST, SOFTMAX = "gpext_robust_max_svgp", "gpytorch_svgp_softmax"
@@ -59,9 +59,9 @@ DEFAULT_SPLITS = {"digits": 1, "htru2": 5, "magic": 3, "letter": 1}
 
 def approx_vs_mc(data_dir: str | None, quick: bool) -> dict:
     """Error of the deterministic E[softmax] approximation against 20k-draw Monte Carlo."""
-    from gpext.data import load_dataset
     from gpext.metrics import categorical_nll, error_rate
     from gpext.models import DirichletGPClassifier
+    from gpext_bench.data import load_dataset
 
     split = load_dataset("digits", data_dir=data_dir, dtype=torch.float64, seed=0)
     gen = torch.Generator().manual_seed(0)

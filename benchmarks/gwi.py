@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, out_dir  # noqa: E402
 
-import gpext.bench.methods_gwi  # noqa: E402, F401  (registers gwi, gwi_robustmax)
-from gpext.bench import (  # noqa: E402
+import gpext_bench.methods_gwi  # noqa: E402, F401  (registers gwi, gwi_robustmax)
+from gpext_bench import (  # noqa: E402
     BenchConfig,
     aggregate_rows,
     format_markdown_table,

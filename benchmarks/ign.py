@@ -5,7 +5,7 @@ and bike (first ``--folds`` folds, default 5), metrics RMSE and test NLL in orig
 seconds, reported as mean +- standard error over folds; the goals are evaluated on the means.
 IGN, GPyTorch's input-space SVGP and a deep-kernel SVGP share epochs, minibatch size, the
 number of inducing points and the optimiser (Adam, network lr 5e-3, GP lr 2e-2, cosine
-annealing; :func:`gpext.bench.methods_ign.ign_budget`).  The epochs of each regression set, IGN's
+annealing; :func:`gpext_bench.methods_ign.ign_budget`).  The epochs of each regression set, IGN's
 objective (002 Eq. 5 with the full minibatch covariance) and the ridge of its pseudo-label refit
 were chosen on validation parts of the training rows of folds 0 and 1 (``BUDGET_SELECTION``;
 the epochs by the deep-kernel SVGP's validation RMSE).  After its last epoch IGN replaces its
@@ -44,19 +44,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, out_dir  # noqa: E402
 
-from gpext.bench import aggregate_rows, format_markdown_table, write_results  # noqa: E402
-from gpext.bench import methods_ign as M  # noqa: E402
-from gpext.bench.registry import BenchConfig  # noqa: E402
-from gpext.bench.runner import evaluate_prediction  # noqa: E402
-from gpext.data import load_dataset  # noqa: E402
 from gpext.errors import DatasetNotFoundError  # noqa: E402
+from gpext_bench import aggregate_rows, format_markdown_table, write_results  # noqa: E402
+from gpext_bench import methods_ign as M  # noqa: E402
+from gpext_bench.data import load_dataset  # noqa: E402
+from gpext_bench.registry import BenchConfig  # noqa: E402
+from gpext_bench.runner import evaluate_prediction  # noqa: E402
 
 REGRESSION = ("elevators", "pol", "keggdirected", "protein", "bike")
 CLASSIFICATION = ("digits", "mnist")
 REG_METRICS = ("rmse", "nll", "coverage95", "seconds")
 CLS_METRICS = ("accuracy", "mnll", "ece", "brier", "seconds")
 BUDGET_SELECTION = (
-    "regression epochs per data set (gpext.bench.methods_ign.REGRESSION_EPOCHS), IGN's objective "
+    "regression epochs per data set (gpext_bench.methods_ign.REGRESSION_EPOCHS), IGN's objective "
     "(IGN_MINIBATCH_COVARIANCE) and refit ridge (REFIT_RIDGE) chosen on a seeded 20% validation "
     "part of the TRAINING rows of folds 0 and 1 (no test row of any fold): epochs from "
     "{1, 2, 4} x the session-3 budget (12, or 6 above 20000 training rows) by the deep-kernel "

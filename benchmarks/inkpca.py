@@ -27,9 +27,9 @@ import gpytorch
 import torch
 from sklearn.kernel_approximation import Nystroem
 
-from gpext.bench import write_results
-from gpext.data import load_dataset
 from gpext.operators import IncrementalKPCA, rank_one_eigh_update
+from gpext_bench import write_results
+from gpext_bench.data import load_dataset
 
 D64 = torch.float64
 

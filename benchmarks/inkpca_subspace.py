@@ -28,8 +28,8 @@ import time
 import torch
 from _common import base_parser, out_dir
 
-from gpext.bench import write_results
 from gpext.subspace import InKPCASubspace, PCASubspace
+from gpext_bench import write_results
 
 
 def _deviations(d: int, m: int, seed: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ changes of a shared machine hit both):
 * **Arm C, NTK.** ``vboot_mlp``: ``VBootMLP()`` with its constructor defaults (10 particles of
   a 2 x 512 NTK-parameterised ReLU MLP, ``prior_std = 1``, the regression noise fitted once by
   an exact RBF GP on 500 points), trained with the schedule of the ``gpext bench`` VBoot-MLP
-  recipe (``gpext.bench.methods_bootstrap``: float32, Adam lr 0.1 with cosine decay, batch
+  recipe (``gpext_bench.methods_bootstrap``: float32, Adam lr 0.1 with cosine decay, batch
   ``min(256, max(32, N // 8))``, ``max(12 epochs, 600 steps)``; quick: 5 particles of 2 x 128,
   300 steps), against exact GPs with ``NeuralTangentKernel.from_vboot_mlp(model, kind=...)``:
   ``ntk_gp`` (the NTK :math:`\\Theta`, whose posterior mean is the infinite-width limit of the
@@ -48,7 +48,7 @@ changes of a shared machine hit both):
 Data: ``boston``, ``concrete``, ``energy``, ``yacht`` (the 90/10 UCI splits of
 ``../shared/data``, splits ``0 .. K-1``) and ``skillcraft`` (3338 rows, 19 inputs, the 10-fold
 masks of the deep-kernel-learning protocol; split ``s`` is fold ``s``), loaded by
-``gpext.data.load_dataset``: inputs and targets standardised with the training part's statistics.
+``gpext_bench.data.load_dataset``: inputs and targets standardised with the training part's statistics.
 A training part larger than ``--max-train`` (default 2000) is subsampled to that many rows
 without replacement (seeded by ``seed`` and the split; the standardisation is that of the whole
 training fold): skillcraft's ~3005 training rows become 2000, what one core affords for the
@@ -57,7 +57,7 @@ Without a data directory the bundled scikit-learn ``diabetes`` set is used inste
 
 Metrics per (dataset, method), mean and standard error over splits as separate numeric columns
 (``nll``, ``nll_se``, ...): ``rmse`` and ``nll`` in the *original* target units (as in the UCI
-literature; ``gpext.bench.evaluate_prediction``: the exact Gaussian-mixture density for the
+literature; ``gpext_bench.evaluate_prediction``: the exact Gaussian-mixture density for the
 bootstrap ensembles), ``coverage95``, ``r2`` (test :math:`R^2`), ``seconds`` (wall) and
 ``cpu_seconds`` (process CPU time, insensitive to other processes on one thread), ``time_ratio``
 and ``cpu_time_ratio`` against the arm's baseline on the same split (mean of per-split ratios),
@@ -109,10 +109,7 @@ import gpytorch
 import torch
 from _common import base_parser, out_dir
 
-from gpext.bench import evaluate_prediction, write_results
-from gpext.bench.registry import Prediction
 from gpext.bootstrap import VBootMLP, VBootRFF
-from gpext.data import load_dataset
 from gpext.errors import ConstantPredictionWarning, GpextWarning, VarianceCollapseWarning
 from gpext.fit import (
     build_exact_gp,
@@ -122,6 +119,9 @@ from gpext.fit import (
     minimize_lbfgs,
 )
 from gpext.kernels import NeuralTangentKernel, NystromKPCAKernel
+from gpext_bench import evaluate_prediction, write_results
+from gpext_bench.data import load_dataset
+from gpext_bench.registry import Prediction
 
 SMALL = ("boston", "concrete", "energy", "yacht")
 LARGE = ("skillcraft",)

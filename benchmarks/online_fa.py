@@ -46,9 +46,9 @@ import torch
 from _common import base_parser, out_dir
 from sklearn.decomposition import FactorAnalysis
 
-from gpext.bench import format_markdown_table, write_results
-from gpext.bench.results import invocation
 from gpext.subspace import OnlineFactorAnalysis
+from gpext_bench import format_markdown_table, write_results
+from gpext_bench.results import invocation
 
 K = 10
 

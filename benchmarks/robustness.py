@@ -77,8 +77,8 @@ import numpy as np
 import torch
 from _common import base_parser, out_dir
 
-from gpext.bench import write_results
 from gpext.errors import GpextError, GpextWarning
+from gpext_bench import write_results
 
 TOYS = ("gap1d", "gap2d")
 DESIGNS = ("branin_n4", "branin_n20", "hartmann6_n12", "hartmann6_n60")

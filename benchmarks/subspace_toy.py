@@ -35,9 +35,6 @@ import time
 import torch
 from _common import base_parser, out_dir
 
-from gpext.bench import format_markdown_table, write_results
-from gpext.bench.methods_subspace import DelayedRBFInKPCA
-from gpext.bench.results import invocation
 from gpext.nn import MLP
 from gpext.subspace import (
     SWAG,
@@ -48,6 +45,9 @@ from gpext.subspace import (
     regression_mixture_moments,
     train_sgd_trajectory,
 )
+from gpext_bench import format_markdown_table, write_results
+from gpext_bench.methods_subspace import DelayedRBFInKPCA
+from gpext_bench.results import invocation
 
 INTERVALS = ((-7.2, -4.8), (-1.2, 1.2), (4.8, 7.2))
 GAPS = ((-4.8, -1.2), (1.2, 4.8))

@@ -4,7 +4,7 @@ Data sets boston, concrete, energy, yacht, naval with the 20 standard 90/10 spli
 0 only); standardised inputs and targets. Per split one heteroscedastic MLP trained on all
 training rows gives the SGD trajectory all 8 methods share (SGD, SWA, SWAG, PCA+ESS, PCA+VI,
 InKPCA+ESS, InKPCA+VI, FA-SWAG). Its training recipe (drbayes's per-dataset recipe or the
-earlier gpext recipe; the table is in ``gpext/bench/methods_subspace.py``) and the likelihood
+earlier gpext recipe; the table is in ``gpext_bench/methods_subspace.py``) and the likelihood
 temperature of each subspace posterior, T = (N/rank)^e with e in {-1, -0.5, 0, 0.5, 1, 1.5, 2,
 2.5}, are chosen beforehand by the validation log-likelihood of ESS on networks trained on 90%
 of the training rows; nothing is chosen on the test rows.
@@ -37,16 +37,16 @@ from pathlib import Path
 import torch
 from _common import RESULTS, base_parser, out_dir
 
-import gpext.bench.methods_subspace  # noqa: F401  (registers the methods)
-from gpext.bench import (
+import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
+from gpext.errors import InputDataError, expected_got
+from gpext_bench import (
     BenchConfig,
     aggregate_rows,
     format_markdown_table,
     run_benchmark,
     write_results,
 )
-from gpext.bench.results import invocation
-from gpext.errors import InputDataError, expected_got
+from gpext_bench.results import invocation
 
 DATASETS = ("boston", "concrete", "energy", "yacht", "naval")
 METHODS = (
@@ -80,7 +80,7 @@ PROTOCOL = (
     "grid is used for the final run on all training rows, and in each subspace the e with the "
     "best validation log-likelihood (on the chosen recipe's run) is used, with the full N, by "
     "that subspace's ESS and VI methods. Nothing is selected on the test rows; all other "
-    "settings are fixed (gpext/bench/methods_subspace.py). --quick: split 0, every recipe's "
+    "settings are fixed (gpext_bench/methods_subspace.py). --quick: split 0, every recipe's "
     "epochs divided by 10 (collection over the same fraction, but at least the last 20 "
     "epochs), ESS burn-in 20, 200 VI steps. Metrics in original units on the test rows: RMSE, "
     "test log-likelihood (mean per point; mixture density for the sampling methods), 95% "

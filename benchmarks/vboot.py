@@ -41,8 +41,10 @@ from dataclasses import replace
 import torch
 from _common import REPO, base_parser, out_dir
 
-import gpext.bench.methods_bootstrap as mb
-from gpext.bench import (
+import gpext_bench.methods_bootstrap as mb
+from gpext.bootstrap import VBootMLP, VBootRFF
+from gpext.errors import GpextError
+from gpext_bench import (
     BenchConfig,
     aggregate_rows,
     evaluate_prediction,
@@ -50,10 +52,8 @@ from gpext.bench import (
     get_method,
     write_results,
 )
-from gpext.bench.baselines import SVGPModel, select_inducing_points
-from gpext.bootstrap import VBootMLP, VBootRFF
-from gpext.data import load_dataset
-from gpext.errors import GpextError
+from gpext_bench.baselines import SVGPModel, select_inducing_points
+from gpext_bench.data import load_dataset
 
 DATASETS = ("magic", "htru2", "letter")
 ALL_METHODS = ("vboot_mlp", "vboot_rff", "gpext_dirichlet_gp", "gpytorch_svgp_softmax")
@@ -86,7 +86,7 @@ def _subsample(split, n_train, n_test, seed):
 def _dirichlet_gp_method():
     """The gpext Dirichlet GP classifier registered by the likelihoods capability, if present."""
     try:
-        importlib.import_module("gpext.bench.methods_classification")
+        importlib.import_module("gpext_bench.methods_classification")
         return get_method("gpext_dirichlet_gp")
     except (ImportError, GpextError):
         return None
@@ -193,7 +193,7 @@ def scaling_part(args, cfg):
     if cfg.quick:
         split = _subsample(split, 3000, 1000, 0)
     n = split.num_train
-    # steps of the registered SVGP baseline's schedule (gpext.bench.baselines)
+    # steps of the registered SVGP baseline's schedule (gpext_bench.baselines)
     batch = min(n, 256)
     epochs = max(1, cfg.budget(300, 1500) * batch // n)
     svgp_steps = epochs * math.ceil(n / batch)

@@ -1,4 +1,4 @@
-"""Every public name is exported through ``__all__`` and documented (cf. GPflow's test_all.py)."""
+"""Every public name of gpext and gpext_bench is exported through ``__all__`` and documented (cf. GPflow's test_all.py)."""
 
 import importlib
 import inspect
@@ -7,16 +7,20 @@ import pkgutil
 import pytest
 
 import gpext
+import gpext_bench
 
 SKIP = {"gpext.integrations.botorch"}  # optional extra, tested separately
 
 
 def _modules():
-    names = ["gpext"]
-    for info in pkgutil.walk_packages(gpext.__path__, "gpext."):
-        if info.name.split(".")[-1].startswith("_") or any(info.name.startswith(s) for s in SKIP):
-            continue
-        names.append(info.name)
+    names = []
+    for package in (gpext, gpext_bench):
+        names.append(package.__name__)
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            leaf = info.name.split(".")[-1]
+            if leaf.startswith("_") or any(info.name.startswith(s) for s in SKIP):
+                continue
+            names.append(info.name)
     return names
 
 

@@ -23,7 +23,7 @@ class SmallCNN(nn.Module):
         conv 5x5 (c1 -> c2) - ReLU - maxpool 2 ->  (c2, 7, 7)
         flatten - linear (49 c2 -> hidden) - ReLU - linear (hidden -> d)
 
-    Flattened inputs of shape ``(N, C * H * W)`` (how :func:`gpext.data.load_dataset` stores
+    Flattened inputs of shape ``(N, C * H * W)`` (how :func:`gpext_bench.data.load_dataset` stores
     MNIST) are reshaped to ``image_shape`` first.
 
     Args:

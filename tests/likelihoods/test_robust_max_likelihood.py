@@ -162,7 +162,7 @@ def test_svgp_training_with_variational_elbo():
     torch.manual_seed(1)
     x = torch.randn(120, 2, dtype=torch.float64)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()  # 3 classes
-    from gpext.bench.baselines import SVGPModel, fit_svgp
+    from gpext_bench.baselines import SVGPModel, fit_svgp
 
     model = SVGPModel(x[:16].clone(), num_latents=3).double()
     lik = RobustMaxLikelihood(3, learn_epsilon=True).double()

@@ -1,0 +1,125 @@
+"""Parser of comma-separated classification tables (``*.data``, ``*.csv``, ``*.txt``)."""
+
+from __future__ import annotations
+
+import csv
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from gpext.errors import DataFormatError
+from gpext_bench.data.parsers import check_finite, file_stamp
+
+__all__ = ["read_classification_table"]
+
+
+def read_classification_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Read a labelled table, detecting the header row and the label column.
+
+    * The file is read with universal newlines (bare ``\\r`` line ends work), quoted fields
+      are allowed and blank lines are skipped.
+    * Label column: the only column that is not numeric, if exactly one is; else the last.
+    * Header: the first row is a header if it has a non-numeric cell in a column that is
+      numeric below it, or if its label cell (in a non-numeric label column) never occurs
+      again (a class with one sample cannot be split anyway).
+    * Labels are mapped to ``0 .. C-1`` in sorted order of the original values (numeric
+      order when all labels are numbers).
+
+    Args:
+        path: Text file.
+
+    Returns:
+        ``(x, y, class_names)``: read-only float64 inputs with shape ``(N, D)``, read-only
+        int64 labels with shape ``(N,)`` and the original label of each class index.
+
+    Raises:
+        DataFormatError: If the file cannot be decoded, rows differ in length, a feature
+            column is not numeric, values are NaN/inf, or there are fewer than two classes.
+    """
+    return _read(*file_stamp(path))
+
+
+def _read_cells(path: str) -> tuple[np.ndarray, list[int]]:
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    try:
+        with open(path, encoding="utf-8-sig", newline=None) as handle:
+            reader = csv.reader(handle)
+            for row in reader:
+                cells = [cell.strip() for cell in row]
+                if any(cells):
+                    rows.append(cells)
+                    lines.append(reader.line_num)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise DataFormatError(f"{path}: cannot read as comma-separated text: {err}") from err
+    if len(rows) < 2 or len(rows[-1]) < 2:
+        raise DataFormatError(
+            f"{path}: expected a comma-separated table with at least 2 rows and 2 columns "
+            f"(inputs and a label), got {len(rows)} row(s) of {len(rows[-1]) if rows else 0} "
+            "field(s)."
+        )
+    width = len(rows[-1])
+    for row, line in zip(rows, lines):
+        if len(row) != width:
+            raise DataFormatError(
+                f"{path}: line {line} has {len(row)} comma-separated fields, expected {width} "
+                "like the last line."
+            )
+    return np.array(rows, dtype=str), lines
+
+
+def _as_float(cells: np.ndarray) -> np.ndarray | None:
+    try:
+        return cells.astype(np.float64)
+    except ValueError:
+        return None
+
+
+def _is_number(cell: str) -> bool:
+    return _as_float(np.array([cell])) is not None
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    cells, lines = _read_cells(path)
+    width = cells.shape[1]
+    numeric = [_as_float(cells[1:, j]) is not None for j in range(width)]
+    text_cols = [j for j in range(width) if not numeric[j]]
+    label = text_cols[0] if len(text_cols) == 1 else width - 1
+    header = any(numeric[j] and not _is_number(cells[0, j]) for j in range(width)) or (
+        not numeric[label] and cells[0, label] not in set(cells[1:, label].tolist())
+    )
+    if header:
+        cells, lines = cells[1:], lines[1:]
+    features = [j for j in range(width) if j != label]
+    for j in features:
+        if not numeric[j] or _as_float(cells[:, j]) is None:
+            bad = next(i for i in range(len(cells)) if not _is_number(cells[i, j]))
+            raise DataFormatError(
+                f"{path}: expected numbers in input column {j} (0-based; label column is "
+                f"{label}), got {str(cells[bad, j])!r} on line {lines[bad]}."
+            )
+    x = cells[:, features].astype(np.float64)
+    check_finite(x, path, line_numbers=lines, column_numbers=features)
+    y, names = _encode_labels(cells[:, label], path)
+    x.flags.writeable = False
+    y.flags.writeable = False
+    return x, y, names
+
+
+def _encode_labels(labels: np.ndarray, path: str) -> tuple[np.ndarray, list[str]]:
+    values = _as_float(labels)
+    if values is not None:
+        if not np.isfinite(values).all():
+            raise DataFormatError(f"{path}: the label column holds NaN/infinite values.")
+        uniq, codes = np.unique(values, return_inverse=True)
+        names = [str(int(v)) if float(v).is_integer() else repr(float(v)) for v in uniq]
+    else:
+        uniq, codes = np.unique(labels, return_inverse=True)
+        names = [str(v) for v in uniq]
+    if len(names) < 2:
+        raise DataFormatError(
+            f"{path}: expected at least 2 classes in the label column, got {names}."
+        )
+    return codes.astype(np.int64).reshape(-1), names
