@@ -29,6 +29,7 @@ from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeEr
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
 from gpext.fit import (
     FitResult,
+    TemperatureSelection,
     build_exact_gp,
     fit_exact_gp,
     minibatch_indices,
@@ -710,13 +711,13 @@ class GWIModel(gpytorch.models.ApproximateGP):
     def _tempered_nll(self, cache, y: torch.Tensor, temperature: float) -> float:
         raise NotImplementedError
 
-    def calibrate_temperature(
+    def select_temperature(
         self,
         likelihood: gpytorch.likelihoods.Likelihood,
         x_val: torch.Tensor,
         y_val: torch.Tensor,
-        grid: torch.Tensor | None = None,
-    ) -> float:
+        temperatures: torch.Tensor | None = None,
+    ) -> TemperatureSelection:
         r"""Pick the likelihood temperature :math:`T` on a validation split and store it.
 
         The tempered predictive is :math:`p_T(y_* \mid x_*) \propto p(y_* \mid x_*)^{1/T}`; ``T`` is
@@ -726,7 +727,55 @@ class GWIModel(gpytorch.models.ApproximateGP):
         more than ``T = 0.5``: on a small validation split that the model already separates, the
         validation NLL keeps falling as ``T -> 0``, and a tiny ``T`` makes test predictions
         arbitrarily overconfident (probabilities far below the robust-max floor
-        ``eps / (J - 1)``).  Pass an explicit ``grid`` to search elsewhere.
+        ``eps / (J - 1)``).  Pass explicit ``temperatures`` to search elsewhere.  The same API
+        as :meth:`gpext.subspace.SubspaceModel.select_temperature`; nothing is refitted (the
+        temperature only acts on the predictive).
+
+        Args:
+            likelihood: The trained likelihood.
+            x_val: Validation inputs. # shape: (N_val, D)
+            y_val: Validation targets. # shape: (N_val,)
+            temperatures: Candidate temperatures (positive).
+
+        Returns:
+            A :class:`~gpext.fit.TemperatureSelection`: the chosen ``temperature`` (also in
+            ``self.temperature``), ``samples=None`` and the held-out mean log predictive
+            density of every grid value in ``scores``.
+
+        Raises:
+            InputDataError: If a temperature is not positive.
+        """
+        if not isinstance(x_val, torch.Tensor):
+            raise InputTypeError(expected_got("x_val", "a torch.Tensor", type(x_val).__name__))
+        if temperatures is None:
+            lo, hi = self.default_temperature_range
+            temperatures = torch.logspace(math.log10(lo), math.log10(hi), 31)
+        grid = torch.as_tensor(temperatures, dtype=torch.float64).flatten()
+        if grid.numel() == 0 or not bool((grid > 0).all()) or not bool(grid.isfinite().all()):
+            raise InputDataError(
+                expected_got(f"{type(self).__name__}.select_temperature.temperatures",
+                             "one or more positive finite temperatures", grid.tolist())
+            )  # fmt: skip
+        self.eval()
+        likelihood.eval()
+        with torch.no_grad():
+            cache = self._predictive_cache(likelihood, x_val)
+            f = lambda lt: self._tempered_nll(cache, y_val, math.exp(lt))  # noqa: E731
+            t = math.exp(
+                minimize_scalar_on_grid(f, [math.log(float(t)) for t in grid], iterations=30)[0]
+            )
+            scores = {float(g): -f(math.log(float(g))) for g in grid}
+        self.temperature.fill_(t)
+        return TemperatureSelection(t, None, scores)
+
+    def calibrate_temperature(
+        self,
+        likelihood: gpytorch.likelihoods.Likelihood,
+        x_val: torch.Tensor,
+        y_val: torch.Tensor,
+        grid: torch.Tensor | None = None,
+    ) -> float:
+        """:meth:`select_temperature`, returning only the chosen temperature.
 
         Args:
             likelihood: The trained likelihood.
@@ -736,30 +785,8 @@ class GWIModel(gpytorch.models.ApproximateGP):
 
         Returns:
             The chosen temperature (also stored in ``self.temperature``).
-
-        Raises:
-            InputDataError: If the grid has non-positive values.
         """
-        if not isinstance(x_val, torch.Tensor):
-            raise InputTypeError(expected_got("x_val", "a torch.Tensor", type(x_val).__name__))
-        if grid is None:
-            lo, hi = self.default_temperature_range
-            grid = torch.logspace(math.log10(lo), math.log10(hi), 31)
-        grid = torch.as_tensor(grid)
-        if not bool((grid > 0).all()):
-            raise InputDataError(
-                expected_got("calibrate_temperature.grid", "positive temperatures", grid.tolist())
-            )
-        self.eval()
-        likelihood.eval()
-        with torch.no_grad():
-            cache = self._predictive_cache(likelihood, x_val)
-            f = lambda lt: self._tempered_nll(cache, y_val, math.exp(lt))  # noqa: E731
-            t = math.exp(
-                minimize_scalar_on_grid(f, [math.log(float(t)) for t in grid], iterations=30)[0]
-            )
-        self.temperature.fill_(t)
-        return t
+        return self.select_temperature(likelihood, x_val, y_val, grid).temperature
 
     def _check_fitted(self) -> None:
         if not self.variational_strategy.variational_params_initialized.item():

@@ -44,6 +44,14 @@ def test_regression_trains_predicts_and_calibrates(dtype):
     nll_before = model._validation_nll(lik, xv, yv, 1.0)
     t = model.calibrate_temperature(lik, xv, yv)
     assert t > 0 and model._validation_nll(lik, xv, yv, t) <= nll_before + 1e-6
+    # the shared selection type: scores are held-out mean log densities of the grid values
+    sel = model.select_temperature(lik, xv, yv, temperatures=[0.5, 1.0, 2.0])
+    assert sel.samples is None and sorted(sel.scores) == [0.5, 1.0, 2.0]
+    for temp, score in sel.scores.items():
+        assert score == pytest.approx(-model._validation_nll(lik, xv, yv, temp), rel=1e-9)
+    assert -model._validation_nll(lik, xv, yv, sel.temperature) >= max(sel.scores.values()) - 1e-9
+    assert float(model.temperature) == pytest.approx(sel.temperature)
+    t = model.calibrate_temperature(lik, xv, yv)
     mean, var = model.predict(lik, xv)
     # state_dict round trip
     other, lik2 = GWIRegressionModel.from_data(

@@ -219,6 +219,34 @@ class TestSelectTemperature:
         for temp in temps:  # Monte Carlo mixture of 400 correlated draws vs the exact density
             assert scores[temp] == pytest.approx(ref[temp], abs=0.05 + 0.02 * abs(ref[temp]))
 
+    def test_vi_selection_keeps_the_winning_q_and_returns_the_shared_type(self):
+        from gpext.fit import TemperatureSelection
+
+        dtype = torch.float64
+        model, x, y, *_ = _linear_problem(dtype)
+        g = torch.Generator().manual_seed(3)
+        x_val = torch.randn(100, 5, generator=g, dtype=dtype)
+        theta_true = torch.linalg.lstsq(x @ model.projection.T, y - x @ model.center).solution
+        f_val = x_val @ (model.center + model.projection.T @ theta_true)
+        y_val = f_val + math.sqrt(NOISE_VAR) * torch.randn(100, generator=g, dtype=dtype)
+        sel = model.select_temperature(
+            x, y, x_val, y_val, [0.05, 1.0, 1000.0], num_samples=200, method="vi",
+            vi_steps=200, calibrate_variance=False, generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        assert isinstance(sel, TemperatureSelection) and sel.samples.shape == (200, 3)
+        t, thetas, scores = sel  # unpacks like the former triple
+        assert t == max(scores, key=scores.get) == model.temperature
+        assert scores[1000.0] < scores[t]  # a flat posterior predicts the held-out rows worse
+        # the kept q is the winner's: fresh draws score like the returned ones
+        fresh = model.sample_vi(2000, generator=torch.Generator().manual_seed(1))
+        out = model.predict(x_val, fresh)
+        again = regression_mixture_log_likelihood(out["means"], out["variances"], y_val)
+        assert float(again.mean() if isinstance(again, torch.Tensor) else again) == pytest.approx(
+            scores[t], abs=0.05
+        )
+        with pytest.raises(InputDataError, match="method"):
+            model.select_temperature(x, y, x_val, y_val, [1.0], method="laplace")
+
     def test_variance_scale_is_the_held_out_maximum_likelihood(self):
         from scipy.optimize import minimize_scalar
 
