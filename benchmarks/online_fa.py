@@ -162,7 +162,7 @@ def main() -> None:
                                 "seed": seed,
                                 "T": t,
                                 "method": f"online_{m}",
-                                "cov_rel_error": err(fa.covariance()),
+                                "cov_rel_error": err(fa.covariance().to_dense()),
                                 "seconds": elapsed[m],
                                 "state_mb": state / 2**20,
                             }
