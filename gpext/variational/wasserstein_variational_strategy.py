@@ -54,6 +54,12 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
     :meth:`get_fantasy_model` raises ``NotImplementedError``; the divergence depends on the last
     training batch, not only on the variational parameters.
 
+    The cached estimate of the last training batch carries that batch's autograd graph only
+    while the strategy is in train mode: leaving it (``eval()``, ``train(False)``) detaches the
+    cache, which frees the graph, and copies (``copy.deepcopy``, ``pickle``, as made by
+    BoTorch's ``subset_output`` and GPyTorch's fantasy models) hold a detached clone in any
+    mode.
+
     The prior kernel should be fitted beforehand and frozen (``requires_grad_(False)``); the
     strategy does not freeze it, so that it can also be trained jointly if wanted.
 
@@ -152,6 +158,28 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
         return MultivariateNormal(
             prior.mean, prior.lazy_covariance_matrix.add_jitter(self.jitter_val)
         )
+
+    def train(self, mode: bool = True) -> WassersteinVariationalStrategy:
+        """Set train mode; leaving it detaches the cached W2 estimate (see the class).
+
+        Args:
+            mode: ``True`` for train mode, ``False`` for eval mode.
+
+        Returns:
+            The strategy.
+        """
+        if not mode and self._w2_cache is not None:
+            self._w2_cache = self._w2_cache.detach()
+        return super().train(mode)
+
+    def __getstate__(self) -> dict:
+        # deepcopy and pickle refuse tensors that carry an autograd graph: copy the cached
+        # estimate of the last training batch detached (the live strategy keeps its graph)
+        state = super().__getstate__()
+        cache = state.get("_w2_cache")
+        if isinstance(cache, torch.Tensor) and cache.grad_fn is not None:
+            state["_w2_cache"] = cache.detach().clone()
+        return state
 
     def _w2_relative_jitter(self, dtype: torch.dtype) -> float:
         if self.w2_jitter is not None:

@@ -15,6 +15,12 @@ from gpext.integrations.botorch._requirements import MissingExtraError, require_
 
 require_botorch()
 
+from gpext.integrations.botorch.conditioned_ensemble_surrogate import (  # noqa: E402
+    ConditionedEnsembleSurrogate,
+)
+from gpext.integrations.botorch.conditioned_latent_gp_surrogate import (  # noqa: E402
+    ConditionedLatentGPSurrogate,
+)
 from gpext.integrations.botorch.dirichlet_classifier_surrogate import (  # noqa: E402
     DirichletClassifierSurrogate,
 )
@@ -35,6 +41,8 @@ from gpext.integrations.botorch.weight_ensemble_surrogate import (  # noqa: E402
 )
 
 __all__ = [
+    "ConditionedEnsembleSurrogate",
+    "ConditionedLatentGPSurrogate",
     "DirichletClassifierSurrogate",
     "FeasibilityWeightedAcquisition",
     "GWISurrogate",

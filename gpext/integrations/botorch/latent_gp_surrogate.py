@@ -9,12 +9,14 @@ import torch
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.sampling.base import MCSampler
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator import to_linear_operator
-from linear_operator.operators import DiagLinearOperator
+from linear_operator.operators import DiagLinearOperator, LinearOperator
 
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
+from gpext.integrations.botorch._fantasize import run_fantasize
 from gpext.integrations.botorch._training_data import TrainingDataMixin
 from gpext.integrations.botorch.sample_ensemble_surrogate import (
     _check_output_indices,
@@ -40,7 +42,10 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
     transforms are applied with :meth:`transform_inputs` (eval mode) and outcome transforms
     with ``untransform_posterior``, exactly as in BoTorch's ``GPyTorchModel.posterior``; a
     ``posterior_transform`` (e.g. ``ScalarizedPosteriorTransform``) acts on that Gaussian.
-    :meth:`subset_output` returns a copy exposing some of the ``m`` outputs.
+    :meth:`subset_output` returns a copy exposing some of the ``m`` outputs;
+    :meth:`condition_on_observations` and :meth:`fantasize` return a
+    :class:`~gpext.integrations.botorch.ConditionedLatentGPSurrogate` (the exact Gaussian update
+    of this posterior, refit-free).
 
     Subclasses owe:
 
@@ -118,14 +123,7 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
         check_query(X, self._input_dim, model_dtype(self.model), what)
         self.eval()
         Xt = self.transform_inputs(X)
-        mvn = self._latent(Xt)
-        mean, cov = (
-            mvn.mean,
-            to_linear_operator(mvn.lazy_covariance_matrix),
-        )  # shape: (*b, m, q), (*b, m, q, q)
-        sub = self._output_subset
-        if sub is not None:
-            mean, cov = mean[..., sub, :], cov[..., sub, :, :]
+        mean, cov = self._latent_moments(Xt)  # shape: (*b, m, q), (*b, m, q, q)
         if observation_noise is not False:
             if isinstance(observation_noise, torch.Tensor):
                 expected = (*mean.shape[:-2], mean.shape[-1], mean.shape[-2])
@@ -139,15 +137,13 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
                     )
                 noise = observation_noise.to(mean).transpose(-1, -2)
             else:
-                noise = self._noise_variance(Xt)
+                noise = self._exposed_noise_variance(Xt)
                 if noise is None:
                     raise InputDataError(
                         f"{type(self).__name__}.posterior: expected observation_noise=False, got "
                         "True; this model has no observation-noise model (its outputs are "
                         "latent functions)."
                     )
-                if sub is not None and noise.shape[-2] != 1:
-                    noise = noise[..., sub, :]
             noise = noise.expand(mean.shape)
             cov = cov + DiagLinearOperator(noise)
         if output_indices is not None:
@@ -167,6 +163,116 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
         if posterior_transform is not None:
             return posterior_transform(posterior=posterior, X=Xt)
         return posterior
+
+    def _latent_moments(self, Xt: torch.Tensor) -> tuple[torch.Tensor, LinearOperator]:
+        """Mean ``(*b, m, q)`` and covariance ``(*b, m, q, q)`` of the exposed outputs at ``Xt``.
+
+        ``Xt`` holds transformed inputs; the values are in the outcome-transformed space.
+        """
+        mvn = self._latent(Xt)
+        mean, cov = mvn.mean, to_linear_operator(mvn.lazy_covariance_matrix)
+        sub = self._output_subset
+        if sub is not None:
+            mean, cov = mean[..., sub, :], cov[..., sub, :, :]
+        return mean, cov
+
+    def _exposed_noise_variance(self, Xt: torch.Tensor) -> torch.Tensor | None:
+        """The noise model's variance of the exposed outputs, ``(*b, m or 1, q)`` (or ``None``)."""
+        noise = self._noise_variance(Xt)
+        sub = self._output_subset
+        if noise is not None and sub is not None and noise.shape[-2] != 1:
+            noise = noise[..., sub, :]
+        return noise
+
+    def condition_on_observations(
+        self, X: torch.Tensor, Y: torch.Tensor, noise: torch.Tensor | None = None, **kwargs: Any
+    ) -> LatentGPSurrogate:
+        r"""This posterior conditioned on ``Y = f(X) + eps``: a refit-free Gaussian update.
+
+        The adapter's posterior :math:`\mathcal N(m, k)` (in the outcome-transformed space) is
+        conditioned on the new observations with noise covariance
+        :math:`\Sigma = \operatorname{diag}(\sigma^2)`, output by output,
+
+        .. math::
+
+            m'(x) = m(x) + k(x, X)\,(k(X, X) + \Sigma)^{-1}(\mathbf y - m(X)), \qquad
+            k'(x, x') = k(x, x') - k(x, X)\,(k(X, X) + \Sigma)^{-1} k(X, x'),
+
+        which is exact for the Gaussian posterior the adapter reports; the wrapped model (its
+        network, inducing points and hyperparameters) is not refitted.  See
+        :class:`~gpext.integrations.botorch.ConditionedLatentGPSurrogate`.
+
+        Args:
+            X: New inputs. # shape: (*batch_x, n', d)
+            Y: Observations in the original outcome space (they are passed through the
+                outcome transform, as BoTorch's models do). # shape: (*batch_y, n', m)
+            noise: Noise variances :math:`\sigma^2` in the outcome-transformed space
+                (BoTorch convention), broadcastable to ``Y``. Default: the model's noise
+                variance (:math:`T\sigma^2` for GWI regression, the likelihood noise for IGN
+                regression); for latent-only models (classifiers) the latent values are
+                observed without noise (a small jitter keeps the update stable).
+            **kwargs: Ignored (BoTorch passes model-specific options here).
+
+        Returns:
+            A :class:`~gpext.integrations.botorch.ConditionedLatentGPSurrogate` (holding this
+            adapter by reference, not a copy) of batch shape
+            ``broadcast(batch_x, batch_y)`` (for a conditioned model also broadcast with its
+            own batch shape).
+
+        Raises:
+            InputTypeError: If ``X``, ``Y`` or ``noise`` are not floating tensors of the
+                model's dtype.
+            ShapeError: If the shapes do not match (``n'``, ``m``, ``d``, batch dimensions).
+            InputDataError: For non-finite values or negative noise.
+        """
+        from gpext.integrations.botorch.conditioned_latent_gp_surrogate import (
+            ConditionedLatentGPSurrogate,
+        )
+
+        return ConditionedLatentGPSurrogate(self, X, Y, noise)
+
+    def fantasize(
+        self,
+        X: torch.Tensor,
+        sampler: MCSampler,
+        observation_noise: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> LatentGPSurrogate:
+        r"""A fantasy model: this model conditioned on ``Y`` drawn from its own predictive.
+
+        As BoTorch's ``Model.fantasize``: draw :math:`\mathbf y \sim p(\mathbf y(X) \mid
+        \mathcal D)` with ``sampler`` from :meth:`posterior` with observation noise, then
+        :meth:`condition_on_observations` on it, so the fantasy model has batch shape
+        ``sampler.sample_shape x batch``.  For a model without a noise model (a classifier's
+        latents), the draws are of the latent values and the conditioning is noise-free (up to
+        a jitter).
+
+        Args:
+            X: Points to fantasize at. # shape: (*batch, n', d)
+            sampler: A BoTorch ``MCSampler`` (e.g. ``SobolQMCNormalSampler``).
+            observation_noise: ``None`` (the model's noise) or noise variances in the
+                outcome-transformed space, of shape ``(*batch, 1, m)`` or ``(*batch, n', m)``.
+            **kwargs: ``propagate_grads`` (BoTorch's setting while computing the posterior at
+                ``X``); the rest goes to :meth:`condition_on_observations`.
+
+        Returns:
+            The conditioned model. Its posterior at ``(*batch, q, d)`` has mean of shape
+            ``sampler.sample_shape x batch x q x m``.
+
+        Raises:
+            InputTypeError: If ``observation_noise`` is neither ``None`` nor a tensor (BoTorch
+                no longer takes booleans here), or ``X`` is not a floating tensor.
+            ShapeError: If ``X`` or ``observation_noise`` have the wrong shape.
+        """
+
+        def draw(Xq: torch.Tensor, obs: torch.Tensor | None) -> torch.Tensor:
+            if obs is None:
+                Xt = self.transform_inputs(Xq)
+                has_noise = self._noise_variance(Xt) is not None
+                return sampler(self.posterior(Xq, observation_noise=has_noise))
+            return sampler(self.posterior(Xq, observation_noise=obs))
+
+        return run_fantasize(self, X, sampler, observation_noise, draw, kwargs)
 
     def subset_output(self, idcs: list[int]) -> LatentGPSurrogate:
         """A copy of the adapter whose posterior has only the outputs ``idcs``.

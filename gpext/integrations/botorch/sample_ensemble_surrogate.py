@@ -12,9 +12,15 @@ from botorch.acquisition.objective import PosteriorTransform, ScalarizedPosterio
 from botorch.models.ensemble import EnsembleModel
 from botorch.models.model import Model
 from botorch.posteriors.ensemble import EnsemblePosterior
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.sampling.base import MCSampler
+from botorch.sampling.normal import NormalMCSampler
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query, model_dtype
+from gpext.integrations.botorch._fantasize import noise_floor, run_fantasize
 from gpext.integrations.botorch._training_data import TrainingDataMixin
 
 __all__ = ["SampleEnsembleSurrogate"]
@@ -127,10 +133,15 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     cross-output covariance in its variance.  :meth:`subset_output` returns a copy exposing some of
     the outputs.
 
+    :meth:`condition_on_observations` and :meth:`fantasize` return a
+    :class:`~gpext.integrations.botorch.ConditionedEnsembleSurrogate` (a refit-free square-root
+    update of the members).
+
     Subclasses owe ``_members(X) -> Tensor`` mapping ``(N, d)`` inputs to ``(S, N, m)``
     member outputs (differentiable in ``X``), the attributes ``model``, ``_num_outputs`` and
-    ``_input_dim``, and optionally ``_fit_wrapped(X, Y, **kwargs)`` and
-    ``_member_class_probabilities(X)``.
+    ``_input_dim``, and optionally ``_fit_wrapped(X, Y, **kwargs)``,
+    ``_member_class_probabilities(X)`` and ``_noise_variance(X) -> (N, m or 1)`` (the
+    observation noise used when conditioning).
 
     Args:
         train_X: Optional training inputs. # shape: (n, d)
@@ -157,6 +168,136 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
             f"{type(self).__name__}: fit_gpext_surrogate does not support this adapter; build "
             "it from a fitted model (see its class methods)."
         )
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        """Observation-noise variance ``(N, m or 1)`` at inputs ``(N, d)`` (``None``: no model).
+
+        In the outcome-transformed space; used by :meth:`condition_on_observations` and
+        :meth:`fantasize` only.
+        """
+        return None
+
+    def _exposed_noise_variance(self, Xt: torch.Tensor) -> torch.Tensor | None:
+        """The noise variance of the exposed outputs at ``(*b, n, d)``: ``(*b, n, m or 1)``."""
+        flat = Xt.reshape(-1, Xt.shape[-1])
+        noise = self._noise_variance(flat)
+        if noise is None:
+            return None
+        sub = self._output_subset
+        if sub is not None and noise.shape[-1] != 1:
+            noise = noise[..., sub]
+        noise = noise.expand(flat.shape[0], noise.shape[-1])
+        return noise.reshape(*Xt.shape[:-1], noise.shape[-1])
+
+    def condition_on_observations(
+        self, X: torch.Tensor, Y: torch.Tensor, noise: torch.Tensor | None = None, **kwargs: Any
+    ) -> SampleEnsembleSurrogate:
+        r"""The ensemble updated on ``Y = f(X) + eps`` by a refit-free square-root transform.
+
+        Each member becomes a linear combination of the members,
+        :math:`f'_s = \sum_t f_t\,\mathrm{M}_{ts}`, chosen so that the updated ensemble's
+        mean and (unbiased) covariance are exactly the Gaussian update of the ensemble's own
+        moments :math:`(\bar f, \hat C)` on the observations (see
+        :class:`~gpext.integrations.botorch.ConditionedEnsembleSurrogate` for the equations
+        and the limits of this approximation).  No member is retrained.
+
+        Args:
+            X: New inputs. # shape: (*batch_x, n', d)
+            Y: Observations in the original outcome space. # shape: (*batch_y, n', m)
+            noise: Noise variances in the outcome-transformed space, broadcastable to ``Y``;
+                default the adapter's noise model where it has one (VBoot's fitted noise, the
+                members' mean predicted variance of a Gaussian network), else none (a jitter
+                keeps the update stable).
+            **kwargs: Ignored.
+
+        Returns:
+            A :class:`~gpext.integrations.botorch.ConditionedEnsembleSurrogate` of batch shape
+            ``broadcast(batch_x, batch_y)``.
+
+        Raises:
+            InputTypeError: If the data are not floating tensors of the model's dtype.
+            ShapeError: If the shapes do not match.
+            InputDataError: For non-finite data or negative noise.
+        """
+        from gpext.integrations.botorch.conditioned_ensemble_surrogate import (
+            ConditionedEnsembleSurrogate,
+        )
+
+        return ConditionedEnsembleSurrogate(self, X, Y, noise)
+
+    def fantasize(
+        self,
+        X: torch.Tensor,
+        sampler: MCSampler,
+        observation_noise: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> SampleEnsembleSurrogate:
+        r"""A fantasy model: the ensemble updated on observations drawn from its own predictive.
+
+        The fantasies depend on the sampler:
+
+        * a normal sampler (``SobolQMCNormalSampler``, ``IIDNormalSampler``; the default of
+          ``qKnowledgeGradient`` and ``qNegIntegratedPosteriorVariance``) draws from the
+          Gaussian moment-matched to the members plus noise,
+          :math:`\mathbf y \sim \mathcal N(\bar f(X), \hat C(X, X) + \Sigma)`, the
+          distribution the conditioning assumes;
+        * any other sampler (``IndexSampler``) draws from the ensemble posterior, i.e. member
+          values :math:`f_s(X)` (no observation noise).
+
+        Then :meth:`condition_on_observations` on the draws, with noise ``observation_noise``
+        if given, else the adapter's noise model.
+
+        Args:
+            X: Points to fantasize at. # shape: (*batch, n', d)
+            sampler: A BoTorch ``MCSampler``.
+            observation_noise: ``None`` or noise variances in the outcome-transformed space of
+                shape ``(*batch, 1, m)`` or ``(*batch, n', m)``.
+            **kwargs: ``propagate_grads``; the rest goes to :meth:`condition_on_observations`.
+
+        Returns:
+            The fantasy model, of batch shape ``sampler.sample_shape x batch``.
+
+        Raises:
+            InputTypeError: If ``observation_noise`` is neither ``None`` nor a tensor, or the
+                sampler is not an ``MCSampler``.
+            ShapeError: If ``X`` or ``observation_noise`` have the wrong shape.
+        """
+
+        def draw(Xq: torch.Tensor, obs: torch.Tensor | None) -> torch.Tensor:
+            if not isinstance(sampler, NormalMCSampler):
+                return sampler(self.posterior(Xq))
+            self.eval()
+            Xt = self.transform_inputs(Xq)
+            Yt = sampler(self._moment_matched_posterior(Xt, obs))
+            octf = getattr(self, "outcome_transform", None)
+            return Yt if octf is None else octf.untransform(Yt)[0]
+
+        return run_fantasize(self, X, sampler, observation_noise, draw, kwargs)
+
+    def _moment_matched_posterior(
+        self, Xt: torch.Tensor, noise: torch.Tensor | None
+    ) -> GPyTorchPosterior:
+        r"""Gaussian :math:`\mathcal N(\bar f(X), \hat C(X, X) + \Sigma)` of the members at ``Xt``.
+
+        Joint over the ``n`` points and ``m`` outputs, in the outcome-transformed space
+        (``noise``: ``(*b, n, m)`` or ``None`` for the adapter's noise model, or a jitter).
+        """
+        values = self.forward(Xt)  # shape: (*b, S, n, m)
+        s, n, m = values.shape[-3:]
+        mean = values.mean(-3)
+        dev = (values - mean.unsqueeze(-3)).reshape(*values.shape[:-3], s, n * m)
+        cov = dev.mT @ dev / max(s - 1, 1)  # shape: (*b, n m, n m), point-major
+        if noise is None:
+            noise = self._exposed_noise_variance(Xt)
+        var = cov.diagonal(dim1=-2, dim2=-1)
+        noise = (var.new_zeros(()) if noise is None else noise).expand(*Xt.shape[:-1], m)
+        noise = torch.maximum(noise.reshape(*Xt.shape[:-2], n * m), noise_floor(var))
+        cov = cov + torch.diag_embed(noise.expand(var.shape))
+        if m == 1:
+            dist = MultivariateNormal(mean[..., 0], DenseLinearOperator(cov))
+        else:
+            dist = MultitaskMultivariateNormal(mean, DenseLinearOperator(cov), interleaved=True)
+        return GPyTorchPosterior(distribution=dist)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Member values at ``X`` (``batch x q x d``), shape ``batch x S x q x m``."""

@@ -22,7 +22,8 @@ class VBootSurrogate(SampleEnsembleSurrogate):
     :math:`f^{(k)}(x) = m + \phi(x)^\top \hat{\mathbf w}^{(k)}` for ``VBootRFF`` and the ``k``-th
     network for ``VBootMLP``; the posterior values are the particles' latent outputs
     (``C`` of them for a classifier, whose :meth:`class_probabilities` average the softmax over
-    particles, 001 Eq. 12).
+    particles, 001 Eq. 12).  ``condition_on_observations`` and ``fantasize`` use the fitted
+    regression noise as the observation noise.
 
     Args:
         model: A :class:`~gpext.bootstrap.VBootRFF` or :class:`~gpext.bootstrap.VBootMLP`
@@ -79,6 +80,15 @@ class VBootSurrogate(SampleEnsembleSurrogate):
         if not self.model.is_fitted:
             raise NotFittedError("VBootSurrogate: fit the VBoot model first.")
         return self.model(X)  # shape: (K, N, C)
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        # the fitted scalar regression noise (NaN when it was given per training point)
+        if self._classifier or not self.model.is_fitted:
+            return None
+        noise = self.model.noise_.to(X)
+        if not bool(torch.isfinite(noise)) or not bool(noise > 0):
+            return None
+        return noise.reshape(1, 1)
 
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         if self._classifier:
