@@ -398,12 +398,13 @@ def temperature_grid(
 
 
 class DelayedRBFInKPCA:
-    """Observer building an RBF-kernel :class:`~gpext.subspace.InKPCASubspace` from a trajectory.
+    """Observer feeding an RBF-kernel :class:`~gpext.subspace.InKPCASubspace` from a trajectory.
 
-    Only every ``feed_every``-th collection (the 1st, the ``(c + 1)``-th, ...) is used. The first
-    ``num_init`` non-zero used deviations are buffered; the RBF lengthscale is set to their
-    median pairwise distance, then the buffered deviations (the zero first one included) are fed
-    in arrival order and every later used one incrementally. Call as
+    Only every ``feed_every``-th collection (the 1st, the ``(c + 1)``-th, ...) is used.  The
+    lengthscale is the library's median rule (``InKPCASubspace(..., lengthscale="median")``):
+    the first ``num_init`` non-zero used deviations are buffered, the RBF lengthscale is set to
+    their median pairwise distance, then the buffered deviations (the zero first one included)
+    are fed in arrival order and every later used one incrementally.  Call as
     ``observer(weights, deviation)``.
 
     Args:
@@ -416,8 +417,9 @@ class DelayedRBFInKPCA:
         self.rank, self.num_init = rank, num_init
         self.feed_every = check_positive_int(feed_every, "DelayedRBFInKPCA.feed_every")
         self.num_seen = 0
-        self.pending: list[torch.Tensor] = []
-        self.subspace: InKPCASubspace | None = None
+        self.subspace = InKPCASubspace(
+            rank, gpytorch.kernels.RBFKernel(), lengthscale="median", num_init=num_init
+        )
         self.update_seconds = 0.0
 
     def __call__(self, weights: torch.Tensor, deviation: torch.Tensor) -> None:
@@ -425,19 +427,7 @@ class DelayedRBFInKPCA:
         if (self.num_seen - 1) % self.feed_every:
             return
         t0 = time.perf_counter()
-        if self.subspace is not None:
-            self.subspace.update(deviation)
-        else:
-            self.pending.append(deviation)
-            nonzero = [d for d in self.pending if float(d.norm()) > 0]
-            if len(nonzero) >= self.num_init:
-                x = torch.stack(nonzero).double()
-                dist = torch.cdist(x, x)
-                ls = float(dist[dist > 0].median())
-                kernel = gpytorch.kernels.RBFKernel()
-                kernel.lengthscale = ls
-                self.subspace = InKPCASubspace(self.rank, kernel)
-                self.subspace.update(torch.stack(self.pending))
+        self.subspace.update(deviation)
         self.update_seconds += time.perf_counter() - t0
 
 

@@ -101,7 +101,7 @@ class InKPCASubspace(nn.Module):
             kernel = LinearKernel()
             kernel.variance = 1.0
         self.num_init = check_positive_int(num_init, "InKPCASubspace.num_init", minimum=2)
-        self._lengthscale_module = _lengthscale_module(kernel)
+        ls_module = _lengthscale_module(kernel)
         valid = lengthscale in (None, "auto", "median") or (
             isinstance(lengthscale, (int, float))
             and not isinstance(lengthscale, bool)
@@ -113,14 +113,13 @@ class InKPCASubspace(nn.Module):
                 expected_got("InKPCASubspace.lengthscale",
                              "'auto', 'median', a positive number or None", lengthscale)
             )  # fmt: skip
-        if self._lengthscale_module is not None and isinstance(lengthscale, (int, float)):
-            self._lengthscale_module.lengthscale = float(lengthscale)
+        if ls_module is not None and isinstance(lengthscale, (int, float)):
+            ls_module.lengthscale = float(lengthscale)
         if lengthscale == "auto":
-            untouched = self._lengthscale_module is not None and bool(
-                (self._lengthscale_module.raw_lengthscale == 0).all()
-            )
+            untouched = ls_module is not None and bool((ls_module.raw_lengthscale == 0).all())
             lengthscale = "median" if untouched else None
-        self.lengthscale_rule = lengthscale if self._lengthscale_module is not None else None
+        #: ``"median"`` while the median rule is to be applied, else ``None``.
+        self.lengthscale_rule = lengthscale if ls_module is not None else None
         self.kpca = IncrementalKPCA(
             kernel.to(dtype), centered=centered, dtype=dtype, on_degenerate="record"
         )
@@ -183,7 +182,7 @@ class InKPCASubspace(nn.Module):
                 dist = torch.cdist(nonzero, nonzero)
                 positive = dist[dist > 0]
                 if positive.numel():
-                    self._lengthscale_module.lengthscale = float(positive.median())
+                    _lengthscale_module(self.kpca.kernel).lengthscale = float(positive.median())
             self._check_kernel_matrix(nonzero)
             self._checked = True
         return x

@@ -114,7 +114,7 @@ class TestSubspaceBenchMethods:
         ]
         for d in devs[:3]:
             obs(None, d)
-        assert obs.subspace is None and len(obs.pending) == 3
+        assert obs.subspace.kpca.num_points == 0 and obs.subspace.num_points == 3  # buffered
         obs(None, devs[3])
         assert obs.subspace.num_points == 4
         obs(None, devs[4])
