@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import time
 
+import gpytorch
 import torch
 from _common import base_parser, out_dir
 
 from gpext.nn import MLP
 from gpext.subspace import (
     SWAG,
+    InKPCASubspace,
     OutputLikelihood,
     PCASubspace,
     SubspaceModel,
@@ -46,7 +48,6 @@ from gpext.subspace import (
     train_sgd_trajectory,
 )
 from gpext_bench import format_markdown_table, write_results
-from gpext_bench.methods_subspace import DelayedRBFInKPCA
 from gpext_bench.results import invocation
 
 INTERVALS = ((-7.2, -4.8), (-1.2, 1.2), (4.8, 7.2))
@@ -93,7 +94,8 @@ def toy_part(args) -> tuple[list[dict], dict]:
     rank = args.rank or (20 if args.quick else 100)
     k = max(40 if args.quick else 100, rank + 20)  # deviations kept (more than the rank)
     epochs = max(300 if args.quick else 600, 3 * k + 150)
-    inkpca = DelayedRBFInKPCA(rank)
+    # RBF kernel PCA, lengthscale by the library's median rule over the first deviations
+    inkpca = InKPCASubspace(rank, gpytorch.kernels.RBFKernel())
     t0 = time.perf_counter()
     traj = train_sgd_trajectory(
         net,
@@ -107,7 +109,7 @@ def toy_part(args) -> tuple[list[dict], dict]:
         batch_size=100,
         collect_every=12,
         max_deviations=k,
-        observers=[inkpca],
+        observers=[lambda weights, deviation: inkpca.update(deviation)],
         generator=gen,
     )
     train_s = time.perf_counter() - t0
@@ -126,7 +128,7 @@ def toy_part(args) -> tuple[list[dict], dict]:
     )
     projections = {
         "pca": PCASubspace(rank).fit(traj.deviations(), generator=gen).projection,
-        "inkpca": inkpca.subspace.projection.float(),
+        "inkpca": inkpca.projection.float(),
     }
 
     def record(method, pred, seconds, temperature):
