@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import DenseLinearOperator
+from linear_operator.operators import LowRankRootLinearOperator
 from torch import nn
 
 from gpext.errors import InputDataError, NumericalWarning, ShapeError, expected_got
@@ -188,7 +188,12 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         return mean, a
 
     def forward(self, features: torch.Tensor) -> MultivariateNormal:
-        r"""The conditional GP on features, 002 Eq. 7, with a dense covariance (a ``DenseLinearOperator``).
+        r"""The conditional GP on features, 002 Eq. 7, with a lazy covariance.
+
+        The covariance is the sum of the lazily evaluated kernel :math:`K_{GG}` and the negated
+        low-rank :math:`A^\top A`, :math:`A = L^{-1} K_{ZG}` (:math:`L L^\top = K_{ZZ}`): its
+        diagonal (``.variance``) costs :math:`O(N m)` and nothing of size :math:`N \times N` is
+        formed until ``covariance_matrix`` or sampling asks for it.
 
         Args:
             features: Feature vectors :math:`g(X)`, shape ``(*, N, d)``.
@@ -204,10 +209,12 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         """
         features = self._check_features(features)
         mean, a = self._project(features)
-        kgg = self.covar_module(features).to_dense()
-        cov = kgg - a.transpose(-1, -2) @ a  # shape: (*b, N, N)
-        cov = 0.5 * (cov + cov.transpose(-1, -2))
-        return MultivariateNormal(mean, DenseLinearOperator(cov))
+        kgg = self.covar_module(features)  # lazy: no N x N matrix until one is asked for
+        # K_GG - A^T A with A = L^{-1} K_ZG (batch shapes broadcast as in the dense form)
+        q = LowRankRootLinearOperator(a.transpose(-1, -2))
+        batch = torch.broadcast_shapes(kgg.batch_shape, q.batch_shape)
+        cov = kgg.expand(*batch, *kgg.shape[-2:]) + q.expand(*batch, *q.shape[-2:]).mul(-1.0)
+        return MultivariateNormal(mean, cov)
 
     def marginal(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of 002 Eq. 7 at each point, without the ``N x N`` covariance.

@@ -63,6 +63,23 @@ class TestFeatureSpaceInducingGP:
         )
         torch.testing.assert_close(gp.pseudo_labels().detach().double(), torch.from_numpy(r), **tol)
 
+    def test_covariance_is_lazy(self):
+        from linear_operator.operators import DenseLinearOperator
+
+        gp = _model(dtype=torch.float64, batch_shape=torch.Size([2]))
+        g = torch.randn(3000, 3, dtype=torch.float64)
+        f = gp(g)
+        # nothing N x N is stored: the covariance is kernel + negated low-rank root, lazily
+        assert not isinstance(f.lazy_covariance_matrix, DenseLinearOperator)
+        assert f.lazy_covariance_matrix.shape == (2, 3000, 3000)
+        m, v = gp.marginal(g)
+        torch.testing.assert_close(f.mean, m)
+        torch.testing.assert_close(f.variance, v.clamp_min(1e-10), atol=1e-9, rtol=1e-7)
+        small = gp(g[:7])
+        dense = gp.covar_module(g[:7]).to_dense()
+        _, a = gp._project(g[:7])
+        torch.testing.assert_close(small.covariance_matrix, dense - a.mT @ a)
+
     def test_matches_gpytorch_unwhitened_delta_strategy(self):
         """With q(u) = delta(r), GPyTorch's unwhitened SVGP predictive is Eq. 7."""
         gp = _model()
