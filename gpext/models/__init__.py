@@ -7,8 +7,10 @@
 """
 
 from gpext.models.dirichlet_gp_classifier import DirichletGPClassifier
+from gpext.models.greedy_inducing_subset import greedy_inducing_subset
 from gpext.models.gwi_classification_model import GWIClassificationModel
-from gpext.models.gwi_model import GWIModel, fit_exact_prior, greedy_inducing_subset
+from gpext.models.gwi_exact_prior import fit_exact_prior
+from gpext.models.gwi_model import GWIModel
 from gpext.models.gwi_regression_model import GWIRegressionModel
 from gpext.models.inducing_gp_network import InducingGPNetwork
 

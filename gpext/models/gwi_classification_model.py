@@ -21,12 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.models.gwi_model import (
-    GWIModel,
-    _check_inducing_choice,
-    _inducing_indices,
-    fit_exact_prior,
-)
+from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducing_indices
+from gpext.models.gwi_exact_prior import fit_exact_prior
+from gpext.models.gwi_model import GWIModel
 from gpext.nn import SmallCNN
 from gpext.utils import check_finite, check_labels, check_positive_int
 from gpext.variational import WassersteinNetworkMean
@@ -88,7 +85,7 @@ class GWIClassificationModel(GWIModel):
             num_inducing: ``M`` (default ``ceil(sqrt(N))``).
             prior_points: Subset size of the prior fit.
             prior_steps: L-BFGS iterations per start of the prior fit
-                (:func:`~gpext.models.gwi_model.fit_exact_prior`; its
+                (:func:`~gpext.models.gwi_exact_prior.fit_exact_prior`; its
                 :class:`~gpext.fit.FitResult` is stored as ``model.prior_fit_result``).
             mean_module: Custom :math:`m_Q` returning ``(J, N)``.
             image_shape: ``(C, H, W)`` of flattened image inputs (selects the CNN mean).
@@ -107,7 +104,7 @@ class GWIClassificationModel(GWIModel):
                 break the cancellation between :math:`-k_{xZ}K_{ZZ}^{-1}k_{Zx'}` and
                 :math:`k_{xZ}LL^\top k_{Zx'}` when :math:`K_{ZZ}` is ill-conditioned).
             inducing: How ``Z`` is picked from the data: ``"greedy"`` (default,
-                :func:`~gpext.models.gwi_model.greedy_inducing_subset` under the fitted prior
+                :func:`~gpext.models.greedy_inducing_subset.greedy_inducing_subset` under the fitted prior
                 kernel) or ``"random"``.
             generator: Random generator.
             show_progress: Progress bar of the prior fit.

@@ -21,13 +21,10 @@ import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.fit import check_explained_variance, check_predictions_vary
-from gpext.models.gwi_model import (
-    GWIModel,
-    _check_inducing_choice,
-    _inducing_indices,
-    _KernelExpansionMean,
-    fit_exact_prior,
-)
+from gpext.models._kernel_expansion_mean import _KernelExpansionMean
+from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducing_indices
+from gpext.models.gwi_exact_prior import fit_exact_prior
+from gpext.models.gwi_model import GWIModel
 from gpext.utils import check_finite
 from gpext.variational import WassersteinNetworkMean
 
@@ -86,7 +83,7 @@ class GWIRegressionModel(GWIModel):
             num_inducing: ``M`` (default ``ceil(sqrt(N))``).
             prior_points: Subset size of the exact-GP prior fit.
             prior_steps: L-BFGS iterations per start of the prior fit
-                (:func:`~gpext.models.gwi_model.fit_exact_prior`; its
+                (:func:`~gpext.models.gwi_exact_prior.fit_exact_prior`; its
                 :class:`~gpext.fit.FitResult` is stored as ``model.prior_fit_result``).
             mean_module: Variational mean; overrides ``mean``.
             mean: ``"kernel+network"`` (default: :math:`m_P(x) + k_m(x, C) L_C^{-\top} u + g(x)`
@@ -103,7 +100,7 @@ class GWIRegressionModel(GWIModel):
                 break the cancellation between :math:`-k_{xZ}K_{ZZ}^{-1}k_{Zx'}` and
                 :math:`k_{xZ}LL^\top k_{Zx'}` when :math:`K_{ZZ}` is ill-conditioned).
             inducing: How ``Z`` is picked from the data: ``"greedy"`` (default,
-                :func:`~gpext.models.gwi_model.greedy_inducing_subset` under the fitted prior
+                :func:`~gpext.models.greedy_inducing_subset.greedy_inducing_subset` under the fitted prior
                 kernel) or ``"random"``.
             adaptive_mean: With the ``"kernel"`` means, train the expansion's centres (they
                 start at ``Z``) and its own copy of the prior kernel (it starts at the
@@ -113,7 +110,7 @@ class GWIRegressionModel(GWIModel):
                 on ``M`` fixed centres underfit.  The expansion is whitened
                 (:math:`m_Q = m_P + k_m(x, C) L_C^{-\top} u + g`), so that far from the data and
                 the centres :math:`m_Q` returns to :math:`m_P + g` (see
-                :class:`~gpext.models.gwi_model._KernelExpansionMean`).
+                :class:`~gpext.models._kernel_expansion_mean._KernelExpansionMean`).
             generator: Random generator (subsets, shuffling of the W2 subsamples).
             show_progress: Progress bar of the prior fit.
 

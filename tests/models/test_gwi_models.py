@@ -108,7 +108,7 @@ class TestGWIModelParts:
     def test_greedy_subset_matches_bruteforce_greedy(self, dtype):
         import gpytorch
 
-        from gpext.models.gwi_model import greedy_inducing_subset
+        from gpext.models.greedy_inducing_subset import greedy_inducing_subset
 
         gen = torch.Generator().manual_seed(self.seed)
         x = torch.randn(60, 2, generator=gen, dtype=dtype)
@@ -143,7 +143,7 @@ class TestGWIModelParts:
     def test_kernel_mean_starts_at_sparse_and_exact_posterior_mean(self):
         import gpytorch
 
-        from gpext.models.gwi_model import _KernelExpansionMean
+        from gpext.models._kernel_expansion_mean import _KernelExpansionMean
 
         x, y, gen = _regression_data(torch.float64, n=50, seed=self.seed)
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
@@ -372,7 +372,7 @@ class TestKernelMeanExtrapolation:
     def test_expansion_is_bounded_by_whitened_norm_with_duplicate_centres(self, dtype):
         import gpytorch
 
-        from gpext.models.gwi_model import _KernelExpansionMean
+        from gpext.models._kernel_expansion_mean import _KernelExpansionMean
 
         x, y, gen = _two_cluster_data(dtype, self.seed + 1)
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
@@ -498,7 +498,7 @@ class TestTrustworthyFits:
         assert "VarianceCollapseWarning" in res.problems and not res.ok
 
     def test_fit_exact_prior_is_a_map_fit_of_the_shared_engine(self, monkeypatch):
-        from gpext.models import gwi_model
+        from gpext.models import gwi_exact_prior as gwi_model
 
         x, y, _ = _regression_data(torch.float64, n=160, seed=self.seed)
         mean, kernel, noise, res = gwi_model.fit_exact_prior(
