@@ -179,6 +179,10 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
         cache = state.get("_w2_cache")
         if isinstance(cache, torch.Tensor) and cache.grad_fn is not None:
             state["_w2_cache"] = cache.detach().clone()
+        # GPyTorch's memoised variational distribution (built from L with its graph) is a cache:
+        # the copy rebuilds it on first use
+        if state.get("_memoize_cache"):
+            state["_memoize_cache"] = {}
         return state
 
     def _w2_relative_jitter(self, dtype: torch.dtype) -> float:
@@ -200,9 +204,9 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
             raise ShapeError(expected_got("x", "at least one input point", tuple(x.shape)))
         return check_finite(x, "x")
 
-    def _moments(self, x: torch.Tensor, *, dense: bool, **kwargs):
+    def _moments(self, x: torch.Tensor, z: torch.Tensor | None = None, *, dense: bool, **kwargs):
         """Prior/variational blocks on ``[Z, x]`` shared by forward and the W2 estimate."""
-        z = self.inducing_points
+        z = self.inducing_points if z is None else z
         if z.shape[:-2] != x.shape[:-2]:
             x, z = self._expand_inputs(x, z)
         m = z.shape[-2]
@@ -225,19 +229,48 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
         return x, mean_p, mean_q, kxx, a, b
 
     def __call__(self, x: torch.Tensor, prior: bool = False, **kwargs) -> MultivariateNormal:
-        """:math:`\\mathcal N(m_Q(x), r(x, x))`; in train mode also the W2 estimate of the batch."""
-        kwargs.pop("diag", None)
-        if prior:
-            return self.model.forward(x, **kwargs)
-        x = self._check_inputs(x)
-        if self.training:
-            self._clear_cache()
-        if not self.variational_params_initialized.item():
-            self._variational_distribution.initialize_variational_distribution(
-                self.prior_distribution
-            )
-            self.variational_params_initialized.fill_(1)
-        x, mean_p, mean_q, kxx, a, b = self._moments(x, dense=self.training, **kwargs)
+        """Check the inputs, then GPyTorch's strategy call, which runs :meth:`forward`.
+
+        GPyTorch's ``_VariationalStrategy.__call__`` clears the caches in train mode,
+        initialises ``L`` from :attr:`prior_distribution` on first use, expands ``x`` and ``Z``
+        to common batch shapes and calls :meth:`forward`.
+        """
+        if not prior:
+            x = self._check_inputs(x)
+        return super().__call__(x, prior=prior, **kwargs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        inducing_points: torch.Tensor,
+        inducing_values: torch.Tensor | None = None,
+        variational_inducing_covar=None,
+        diag: bool = True,
+        **kwargs,
+    ) -> MultivariateNormal:
+        r""":math:`\mathcal N(m_Q(x), r(x, x))`; in train mode also the W2 estimate of the batch.
+
+        The strategy hook of GPyTorch's ``_VariationalStrategy``.  With
+        :math:`A = K_{ZZ}^{-1/2} K_{ZX}` and :math:`B = L^\top K_{ZX}`,
+        :math:`r(x, x) = K_{XX} - A^\top A + B^\top B`.  The inducing values and their
+        covariance that GPyTorch passes are not used: :math:`\mathbb Q` is parametrised by
+        ``L`` and the free mean :math:`m_Q`, not by a distribution over inducing values.
+        ``diag`` is ignored (the full covariance is returned, lazily in eval mode).
+
+        Args:
+            x: Inputs. # shape: (*batch, N, D)
+            inducing_points: ``Z``, expanded to the batch of ``x``. # shape: (*batch, M, D)
+            inducing_values: Unused.
+            variational_inducing_covar: Unused.
+            diag: Unused.
+            **kwargs: Passed to the model's ``forward`` (the prior).
+
+        Returns:
+            The variational marginal at ``x``.
+        """
+        x, mean_p, mean_q, kxx, a, b = self._moments(
+            x, inducing_points, dense=self.training, **kwargs
+        )
         if self.training:
             self._w2_cache = self._estimate(mean_p, mean_q, kxx, a, b, subsample=None)
             covar = DenseLinearOperator(kxx - a.mT @ a + b.mT @ b)

@@ -243,3 +243,29 @@ class TestGradientsAndErrors:
             safe_cholesky(indefinite, jitter=0.0, max_tries=2)
         with pytest.raises(NumericalError, match="finite"):
             safe_cholesky(torch.full((2, 2), float("nan")), jitter=0.0)
+
+
+class TestStrategyHooks:
+    def test_gpytorch_call_drives_the_forward_hook(self, monkeypatch):
+        """GPyTorch's _VariationalStrategy.__call__ runs forward(x, inducing_points, ...)."""
+        model, _ = _model(torch.float64)
+        strategy = model.variational_strategy
+        seen = {}
+        real = type(strategy).forward
+
+        def spy(self, x, inducing_points, *args, **kwargs):
+            seen["z_shape"] = tuple(inducing_points.shape)
+            seen["diag"] = kwargs.get("diag")
+            return real(self, x, inducing_points, *args, **kwargs)
+
+        monkeypatch.setattr(type(strategy), "forward", spy)
+        x = torch.randn(2, 7, model.variational_strategy.inducing_points.shape[-1],
+                        dtype=torch.float64)  # fmt: skip
+        model.eval()
+        out = model(x)  # a batch of inputs: x and Z are expanded by GPyTorch's __call__
+        assert out.mean.shape == (2, 7)
+        assert seen["z_shape"][0] == 2  # Z expanded to the batch before the hook
+        # the hook's result equals the closed form of r(x, x) (already tested unbatched)
+        model.train()
+        model(x[0])
+        assert strategy.kl_divergence().shape == ()
