@@ -160,7 +160,11 @@ class GWIRegressionModel(GWIModel):
             model.variational_strategy.mean_module.initialize_posterior(x, y, noise)
         model.prior_fit_result = prior_fit
         likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x)
-        likelihood.noise = max(noise, 1e-4)
+        # strictly above the constraint's bound: at the bound itself the raw (softplus)
+        # parameter is -inf and the first optimiser step makes it NaN (yacht split 3: the prior
+        # fit's noise hit 1e-4)
+        lower = float(likelihood.noise_covar.raw_noise_constraint.lower_bound.max())
+        likelihood.noise = max(noise, lower * 1.01)
         return model, likelihood
 
     def predict(

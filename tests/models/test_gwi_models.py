@@ -86,6 +86,24 @@ def test_robust_max_classification_trains_on_toy_problem():
     assert float((probs.argmax(-1) == y[150:]).double().mean()) >= 0.9
 
 
+def test_noise_at_the_constraint_bound_stays_trainable(monkeypatch):
+    """A prior fit whose noise reaches the likelihood's bound (1e-4) must not give a raw -inf."""
+    from gpext.models import gwi_regression_model
+
+    real = gwi_regression_model.fit_exact_prior
+
+    def at_bound(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return (*out[:2], 1e-4, *out[3:])  # the yacht split-3 case: noise exactly at 1e-4
+
+    monkeypatch.setattr(gwi_regression_model, "fit_exact_prior", at_bound)
+    x, y, gen = _regression_data(torch.float64, n=60)
+    model, lik = GWIRegressionModel.from_data(x, y, prior_steps=3, generator=gen)
+    assert bool(torch.isfinite(lik.noise_covar.raw_noise).all())
+    res = model.fit(lik, x, y, epochs=2, batch_size=30, generator=gen)  # raised FitError before
+    assert res.losses and bool(torch.isfinite(lik.noise).all())
+
+
 def test_model_input_errors():
     x, y, gen = _regression_data(torch.float64, n=20)
     with pytest.raises(ShapeError, match="x \\(N, D\\)"):
