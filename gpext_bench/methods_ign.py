@@ -28,6 +28,7 @@ import gpytorch
 import torch
 from torch import nn
 
+from gpext.kernels import FeatureMapKernel
 from gpext.models import InducingGPNetwork
 from gpext.nn import MLP, SmallCNN
 from gpext.utils import progress_bar
@@ -260,6 +261,13 @@ class DeepKernelSVGP(gpytorch.models.ApproximateGP):
     def __call__(self, x: torch.Tensor, **kwargs):
         """Embed ``x`` and evaluate the variational GP on the features."""
         return super().__call__(self.embedding(x), **kwargs)
+
+    @property
+    def kernel(self) -> FeatureMapKernel:
+        """The deep kernel on inputs, ``k(g(x), g(x'))``, as a :class:`~gpext.kernels.FeatureMapKernel`
+        sharing this model's parameters (the variational strategy works on features, where the
+        inducing points live)."""
+        return FeatureMapKernel(self.embedding, self.covar_module)
 
 
 def _init_inducing(embedding: nn.Module, x: torch.Tensor, m: int, gen: torch.Generator):

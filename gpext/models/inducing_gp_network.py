@@ -24,6 +24,7 @@ from gpext.fit import (
     minimize_scalar_on_grid,
     train_loop,
 )
+from gpext.kernels import FeatureMapKernel
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
     as_float_tensor,
@@ -260,6 +261,27 @@ class InducingGPNetwork(gpytorch.Module):
         if self.input_transform is not None:
             x = self.input_transform(x)
         return self.embedding(x)
+
+    @property
+    def kernel(self) -> FeatureMapKernel:
+        r"""The prior covariance on inputs, :math:`k(x, x') = k_{\text{GP}}(g(x), g(x'))`.
+
+        A :class:`~gpext.kernels.FeatureMapKernel` over :meth:`features` (the input transform,
+        if any, then the embedding) and the GP's kernel on features, sharing their parameters
+        (it is built on access and not registered, so the state dict is unchanged).  Use it to
+        evaluate the learned deep kernel, or in an exact GP on the learned features.  The
+        model's own computations stay in feature space, because its inducing points :math:`Z`
+        are features, not inputs (002): :math:`k(g(x), Z)` is not a kernel between two inputs.
+
+        Returns:
+            The kernel (batch shape ``(C,)`` for the multiclass tasks).
+        """
+        extractor = (
+            self.embedding
+            if self.input_transform is None
+            else nn.Sequential(self.input_transform, self.embedding)
+        )
+        return FeatureMapKernel(extractor, self.gp.covar_module)
 
     def _head_features(self, feats: torch.Tensor) -> torch.Tensor:
         return feats.unsqueeze(-3) if len(self.gp.batch_shape) else feats  # shape: (*, [1,] N, d)

@@ -364,8 +364,11 @@ class TestNoiseCalibration:
     def _overfit_data(n=400, sd=0.5, seed=0):
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
-        y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + sd * torch.randn(n, generator=gen,
-                                                                      dtype=torch.float64)
+        y = (
+            torch.sin(2 * x[:, 0])
+            + 0.5 * x[:, 1]
+            + sd * torch.randn(n, generator=gen, dtype=torch.float64)
+        )
         return x, y
 
     def test_default_fit_recovers_the_noise_an_interpolating_network_hides(self):
@@ -423,3 +426,27 @@ class TestNoiseCalibration:
         cls = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16, task="binary").double()
         with pytest.raises(InputDataError, match="regression"):
             cls.calibrate_noise(x, (y > 0).long())
+
+
+class TestDeepKernelView:
+    def test_kernel_is_the_feature_map_kernel_of_the_model(self):
+        from gpext.kernels import FeatureMapKernel
+
+        torch.manual_seed(0)
+        model = InducingGPNetwork(MLP(3, [16], 4), num_inducing=8).double()
+        before = set(model.state_dict())
+        k = model.kernel
+        assert isinstance(k, FeatureMapKernel) and set(model.state_dict()) == before
+        x1 = torch.randn(5, 3, dtype=torch.float64)
+        x2 = torch.randn(4, 3, dtype=torch.float64)
+        ref = model.gp.covar_module(model.features(x1), model.features(x2)).to_dense()
+        torch.testing.assert_close(k(x1, x2).to_dense(), ref)
+        torch.testing.assert_close(k(x1, diag=True), ref.new_tensor(
+            model.gp.covar_module(model.features(x1), diag=True)))  # fmt: skip
+        # shares parameters: gradients of the kernel reach the embedding
+        k(x1, x2).to_dense().sum().backward()
+        assert model.embedding.net[0].weight.grad is not None
+        multi = InducingGPNetwork(
+            MLP(3, [16], 4), num_inducing=8, task="dirichlet", num_classes=3
+        ).double()
+        assert multi.kernel(x1, x2).shape == (3, 5, 4)
