@@ -26,6 +26,7 @@ from gpext import (
     variational,
 )
 
+#: The installed version of gpext.
 __version__ = "0.1.0"
 
 __all__ = [

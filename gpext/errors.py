@@ -134,7 +134,9 @@ class ConvergenceWarning(FitWarning):
 
 
 def expected_got(what: str, expected: str, got: object, fix: str | None = None) -> str:
-    """Format an error message as ``"<what>: expected <expected>, got <got>. <fix>"``.
+    """Format an error message that names what was expected, what was received and the fix.
+
+    The message reads ``"<what>: expected <expected>, got <got>. <fix>"``.
 
     Args:
         what: Name of the argument or object being checked, e.g. ``"DirichletTransform.labels"``.

@@ -118,7 +118,7 @@ def fit_kernel_hyperparameters(
 
     Example:
         >>> x = torch.randn(100, 2, dtype=torch.float64)
-        >>> hp = fit_kernel_hyperparameters(x, x[:, 0].sin(), kernel="matern52", num_iters=10)
+        >>> hp = fit_kernel_hyperparameters(x, x[:, 0].sin(), kernel="matern52", num_iters=30)
         >>> hp.lengthscale.shape
         torch.Size([2])
     """

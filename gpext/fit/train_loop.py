@@ -150,7 +150,7 @@ def train_loop(
         >>> w = torch.nn.Parameter(torch.zeros(2))
         >>> holder = torch.nn.ParameterList([w])
         >>> opt = torch.optim.Adam([w], lr=0.1)
-        >>> res = train_loop(lambda: (w - 1).pow(2).sum(), opt, modules=[holder], epochs=300)
+        >>> res = train_loop(lambda: (w - 1).pow(2).sum(), opt, modules=[holder], epochs=100)
         >>> bool(res.losses[-1] < 1e-3)
         True
     """

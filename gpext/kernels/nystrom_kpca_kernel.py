@@ -116,6 +116,8 @@ class NystromKPCAKernel(Kernel):
         ShapeError: If the landmarks are not ``(m, d)``, or a batch shape is not empty.
 
     Example:
+        >>> import gpytorch, torch
+        >>> from gpext.kernels import NystromKPCAKernel
         >>> base = gpytorch.kernels.RBFKernel()
         >>> kernel = gpytorch.kernels.ScaleKernel(NystromKPCAKernel(base, torch.randn(20, 2)))
         >>> covar = kernel(torch.randn(100, 2))  # (100, 100), rank <= 20

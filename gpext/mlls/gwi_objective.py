@@ -58,8 +58,17 @@ class GWIObjective(_ApproximateMarginalLogLikelihood):
             number ``>= 0``.
 
     Example:
+        >>> import torch
+        >>> from gpext.mlls import GWIObjective
+        >>> from gpext.models import GWIRegressionModel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.randn(40, 2, generator=g)
+        >>> train_y = train_x[:, 0].sin() + 0.1 * torch.randn(40, generator=g)
+        >>> model, likelihood = GWIRegressionModel.from_data(train_x, train_y)
         >>> mll = GWIObjective(likelihood, model, num_data=train_y.numel())
+        >>> x_batch, y_batch = train_x[:16], train_y[:16]
         >>> loss = -mll(model(x_batch), y_batch)
+        >>> loss.backward()
     """
 
     def __init__(

@@ -81,9 +81,17 @@ class DirichletGPClassifier(gpytorch.Module):
             (see :func:`gpext.fit.lengthscale_prior`) instead of the maximum likelihood.
 
     Example:
+        >>> import torch
+        >>> from gpext.models import DirichletGPClassifier
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.randn(60, 2, generator=g)
+        >>> train_y = (train_x[:, 0] > 0).long() + (train_x[:, 1] > 0).long()  # 3 classes
         >>> clf = DirichletGPClassifier(num_classes=3)
         >>> result = clf.fit(train_x, train_y)
+        >>> test_x = torch.randn(5, 2, generator=g)
         >>> probs = clf.predict_proba(test_x, generator=torch.Generator().manual_seed(0))
+        >>> probs.shape
+        torch.Size([5, 3])
     """
 
     def __init__(
@@ -358,10 +366,16 @@ class DirichletGPClassifier(gpytorch.Module):
             InputTypeError: If labels are not whole numbers.
 
         Example:
+            >>> import torch
+            >>> from gpext.models import DirichletGPClassifier
+            >>> g = torch.Generator().manual_seed(0)
+            >>> x = torch.randn(60, 2, generator=g)
+            >>> y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
             >>> clf = DirichletGPClassifier(num_classes=3, alpha_epsilon=0.05)
             >>> _ = clf.fit(x, y)
+            >>> x_new, y_new = torch.randn(4, 2, generator=g), torch.tensor([0, 1, 2, 1])
             >>> clf2 = clf.get_fantasy_model(x_new, y_new)
-            >>> probs = clf2.predict_proba(x_test)
+            >>> probs = clf2.predict_proba(torch.randn(5, 2, generator=g))
         """
         if self._train is None:
             raise NotFittedError(

@@ -47,7 +47,13 @@ def greedy_inducing_subset(
         Distinct indices into ``x``. # shape: (M,)
 
     Example:
-        >>> idx = greedy_inducing_subset(train_x, kernel, 64)
+        >>> import gpytorch, torch
+        >>> from gpext.models import greedy_inducing_subset
+        >>> train_x = torch.randn(200, 2)
+        >>> kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+        >>> idx = greedy_inducing_subset(train_x, kernel, 16)
+        >>> idx.shape
+        torch.Size([16])
     """
     n = x.shape[0]
     cand = torch.arange(n, device=x.device)

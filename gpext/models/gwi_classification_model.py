@@ -45,9 +45,17 @@ class GWIClassificationModel(GWIModel):
     Args: see :class:`~gpext.models.gwi_model.GWIModel` (``num_latents`` = number of classes).
 
     Example:
-        >>> model, likelihood = GWIClassificationModel.from_data(train_x, train_y, num_classes=10)
-        >>> model.fit(likelihood, train_x, train_y, epochs=20)
-        >>> probs = model.predict_proba(likelihood, test_x)
+        >>> import torch
+        >>> from gpext.models import GWIClassificationModel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.randn(40, 2, generator=g)
+        >>> train_y = (train_x[:, 0] > 0).long() + (train_x[:, 1] > 0).long()  # 3 classes
+        >>> model, likelihood = GWIClassificationModel.from_data(
+        ...     train_x, train_y, num_classes=3, generator=g)
+        >>> result = model.fit(likelihood, train_x, train_y, epochs=5)
+        >>> probs = model.predict_proba(likelihood, torch.randn(5, 2, generator=g))
+        >>> probs.shape
+        torch.Size([5, 3])
     """
 
     @classmethod

@@ -81,8 +81,13 @@ def fit_exact_prior(
         ConstantPredictionWarning: If the fitted GP predicts a constant on the subset.
 
     Example:
-        >>> mean, kernel, noise = fit_exact_prior(train_x, train_y)
-        >>> mean, kernel, noise, result = fit_exact_prior(train_x, train_y, return_result=True)
+        >>> import torch
+        >>> from gpext.models import fit_exact_prior
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.randn(40, 2, generator=g)
+        >>> train_y = train_x[:, 0].sin() + 0.1 * torch.randn(40, generator=g)
+        >>> mean, kernel, noise, result = fit_exact_prior(  # (mean, kernel, noise) by default
+        ...     train_x, train_y, return_result=True)
     """
     if x.dim() != 2 or y.shape[0] != x.shape[0] or y.dim() not in (1, 2):
         raise ShapeError(

@@ -42,9 +42,16 @@ class GWIRegressionModel(GWIModel):
     Args: see :class:`~gpext.models.gwi_model.GWIModel`.
 
     Example:
-        >>> model, likelihood = GWIRegressionModel.from_data(train_x, train_y)
-        >>> model.fit(likelihood, train_x, train_y, epochs=100)
-        >>> mean, var = model.predict(likelihood, test_x)
+        >>> import torch
+        >>> from gpext.models import GWIRegressionModel
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.randn(40, 2, generator=g)
+        >>> train_y = train_x[:, 0].sin() + 0.1 * torch.randn(40, generator=g)
+        >>> model, likelihood = GWIRegressionModel.from_data(train_x, train_y, generator=g)
+        >>> result = model.fit(likelihood, train_x, train_y, epochs=5)
+        >>> mean, var = model.predict(likelihood, torch.randn(5, 2, generator=g))
+        >>> mean.shape, var.shape
+        (torch.Size([5]), torch.Size([5]))
     """
 
     #: For a Gaussian predictive, tempering only rescales the variance and the validation NLL

@@ -165,10 +165,14 @@ class InducingGPNetwork(gpytorch.Module):
         InputDataError: If the task is unknown or a size is invalid.
 
     Example:
+        >>> import torch
+        >>> from gpext.models import InducingGPNetwork
         >>> from gpext.nn import MLP
-        >>> x, y = torch.randn(200, 3), torch.randn(200)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x = torch.randn(200, 3, generator=g)
+        >>> y = x[:, 0].sin() + 0.1 * torch.randn(200, generator=g)
         >>> model = InducingGPNetwork(MLP(3, [32], 4), num_inducing=16)
-        >>> _ = model.fit(x, y, epochs=2, batch_size=50)
+        >>> _ = model.fit(x, y, epochs=5, batch_size=50)
         >>> mean, var = model.predict(x[:5])
     """
 
@@ -743,10 +747,14 @@ class InducingGPNetwork(gpytorch.Module):
                 :math:`\mathbf r`) or a negative ridge.
 
         Example:
+            >>> import torch
+            >>> from gpext.models import InducingGPNetwork
             >>> from gpext.nn import MLP
-            >>> x, y = torch.randn(200, 3), torch.randn(200)
+            >>> g = torch.Generator().manual_seed(0)
+            >>> x = torch.randn(200, 3, generator=g)
+            >>> y = x[:, 0].sin() + 0.1 * torch.randn(200, generator=g)
             >>> model = InducingGPNetwork(MLP(3, [32], 4), num_inducing=16)
-            >>> _ = model.fit(x, y, epochs=2, batch_size=50, refit_pseudo_labels=False)
+            >>> _ = model.fit(x, y, epochs=5, batch_size=50, refit_pseudo_labels=False)
             >>> model.refit_pseudo_labels(x, y).shape
             torch.Size([16])
         """

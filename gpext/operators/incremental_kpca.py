@@ -102,6 +102,8 @@ class IncrementalKPCA(torch.nn.Module):
         device: Device of the state; defaults to the CPU.
 
     Example:
+        >>> import gpytorch, torch
+        >>> from gpext.operators import IncrementalKPCA
         >>> kernel = gpytorch.kernels.RBFKernel().double()
         >>> kpca = IncrementalKPCA(kernel, centered=True)
         >>> kpca.update(torch.randn(50, 3, dtype=torch.float64))

@@ -60,7 +60,9 @@ def gaussian_wasserstein2(
 
     Example:
         >>> eye = torch.eye(2, dtype=torch.float64)
-        >>> gaussian_wasserstein2(torch.zeros(2), eye, torch.ones(2), eye)  # = 2
+        >>> gaussian_wasserstein2(torch.zeros(2, dtype=torch.float64), eye,
+        ...                       torch.ones(2, dtype=torch.float64), eye)
+        tensor(2., dtype=torch.float64)
     """
     n = mean1.shape[-1]
     for name, t, shape in (

@@ -88,6 +88,10 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
             :class:`WassersteinVariationalDistribution`.
 
     Example:
+        >>> import gpytorch, torch
+        >>> from gpytorch.distributions import MultivariateNormal
+        >>> from gpext.variational import (
+        ...     WassersteinVariationalDistribution, WassersteinVariationalStrategy)
         >>> class GWI(gpytorch.models.ApproximateGP):
         ...     def __init__(self, z):
         ...         dist = WassersteinVariationalDistribution(z.shape[0])
@@ -96,6 +100,9 @@ class WassersteinVariationalStrategy(_VariationalStrategy):
         ...         self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
         ...     def forward(self, x):
         ...         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+        >>> model = GWI(torch.randn(10, 2))  # 10 inducing points in 2-d
+        >>> model(torch.randn(50, 2)).mean.shape
+        torch.Size([50])
     """
 
     has_fantasy_strategy = False
