@@ -113,8 +113,13 @@ class InducingGPNetwork(gpytorch.Module):
         task: One of ``"regression"``, ``"binary"``, ``"one_vs_all"``, ``"dirichlet"``.
         num_classes: ``C`` for the multiclass tasks (2 for ``"binary"``).
         covar_module: Kernel on features (batch shape ``(C,)`` for the multiclass tasks).
-        likelihood: Gaussian likelihood for regression (default
-            :class:`gpytorch.likelihoods.GaussianLikelihood`).
+        likelihood: The observation model: Gaussian for regression (default
+            :class:`gpytorch.likelihoods.GaussianLikelihood`), probit Bernoulli for
+            ``"binary"`` and ``"one_vs_all"`` (default
+            :class:`gpytorch.likelihoods.BernoulliLikelihood`, whose link is the probit
+            :math:`\Phi`), so that ``model.likelihood(model(x))`` is the predictive
+            distribution as for any GPyTorch model.  The Dirichlet task has none (its
+            observation model is the transform).
         dirichlet_transform: Label transform for ``"dirichlet"`` (default
             ``gpext.likelihoods.DirichletTransform(num_classes)``).
         laplace: Laplace settings for the probit tasks (default :class:`ProbitLaplace`).
@@ -250,6 +255,11 @@ class InducingGPNetwork(gpytorch.Module):
         )
         if task == "regression":
             self.likelihood = likelihood or gpytorch.likelihoods.GaussianLikelihood()
+        elif task in ("binary", "one_vs_all"):
+            # the probit observation model of these tasks, so that likelihood(model(x)) is the
+            # predictive: Bernoulli(Phi(mu / sqrt(1 + sigma^2))) per point (per class for
+            # one_vs_all, unnormalised); training still uses the per-point Laplace of Eq. 5
+            self.likelihood = likelihood or gpytorch.likelihoods.BernoulliLikelihood()
         self.laplace = laplace or ProbitLaplace()
         self.dirichlet_transform = None
         if task == "dirichlet":

@@ -2,6 +2,7 @@
 
 import math
 
+import gpytorch
 import numpy as np
 import pytest
 import scipy.stats
@@ -450,3 +451,30 @@ class TestDeepKernelView:
             MLP(3, [16], 4), num_inducing=8, task="dirichlet", num_classes=3
         ).double()
         assert multi.kernel(x1, x2).shape == (3, 5, 4)
+
+
+class TestProbitLikelihoodObject:
+    def test_likelihood_of_model_is_the_predictive_for_probit_tasks(self):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(80, 2, generator=g, dtype=torch.float64)
+        y = (x[:, 0] > 0).long()
+        model = InducingGPNetwork(MLP(2, [16], 2), num_inducing=8, task="binary").double()
+        assert isinstance(model.likelihood, gpytorch.likelihoods.BernoulliLikelihood)
+        model.fit(x, y, epochs=3, batch_size=40, generator=g)
+        with torch.no_grad():
+            probs = model.likelihood(model(x[:6])).probs
+        torch.testing.assert_close(probs, model.predict_proba(x[:6])[:, 1])
+        y3 = torch.randint(0, 3, (80,), generator=g)
+        ova = InducingGPNetwork(
+            MLP(2, [16], 3), num_inducing=6, task="one_vs_all", num_classes=3
+        ).double()
+        ova.fit(x, y3, epochs=2, batch_size=40, generator=g)
+        with torch.no_grad():
+            per_class = ova.likelihood(ova(x[:5])).probs  # shape: (C, N), unnormalised
+            mean, var = ova.predict(x[:5])
+        assert per_class.shape == (3, 5)
+        from scipy.stats import norm
+
+        ref = norm.cdf((mean / (1 + var).sqrt()).numpy())
+        torch.testing.assert_close(per_class, torch.from_numpy(ref))
