@@ -122,9 +122,19 @@ class ConditionedEnsembleSurrogate(SampleEnsembleSurrogate):
             conditioned base restricted by ``subset_output`` (condition first, then subset).
 
     Example:
+        >>> import torch
+        >>> from gpext.bootstrap import VBootRFF
+        >>> from gpext.integrations.botorch import VBootSurrogate, fit_gpext_surrogate
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=g)
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
+        >>> vboot = VBootRFF(num_features=200, num_particles=16, noise=1e-3)
+        >>> ensemble = fit_gpext_surrogate(VBootSurrogate(vboot, train_X=X, train_Y=Y), generator=g)
+        >>> X_new = torch.rand(2, 2, dtype=torch.float64, generator=g)
+        >>> Y_new = (6 * X_new).sin().sum(-1, keepdim=True)
         >>> updated = ensemble.condition_on_observations(X_new, Y_new)
-        >>> updated.posterior(torch.rand(5, 1, d, dtype=X_new.dtype)).values.shape
-        torch.Size([5, S, 1, 1])
+        >>> updated.posterior(torch.rand(5, 1, 2, dtype=X_new.dtype)).values.shape  # S = 16
+        torch.Size([5, 16, 1, 1])
     """
 
     def __init__(

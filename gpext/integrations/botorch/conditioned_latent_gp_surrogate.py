@@ -70,8 +70,19 @@ class ConditionedLatentGPSurrogate(LatentGPSurrogate):
             conditioned model restricted by ``subset_output`` (condition first, then subset).
 
     Example:
+        >>> import torch
+        >>> from gpext.integrations.botorch import IGNSurrogate, fit_gpext_surrogate
+        >>> from gpext.models import InducingGPNetwork
+        >>> from gpext.nn import MLP
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=g)
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
+        >>> ign = InducingGPNetwork(MLP(2, [16], 4), num_inducing=8).double()
+        >>> model = fit_gpext_surrogate(IGNSurrogate(ign, train_X=X, train_Y=Y), epochs=50)
+        >>> X_new = torch.rand(2, 2, dtype=torch.float64, generator=g)
+        >>> Y_new = (6 * X_new).sin().sum(-1, keepdim=True)
         >>> fantasy = model.condition_on_observations(X_new, Y_new)  # X_new: (2, d)
-        >>> fantasy.posterior(torch.rand(5, 1, d, dtype=X_new.dtype)).variance.shape
+        >>> fantasy.posterior(torch.rand(5, 1, 2, dtype=X_new.dtype)).variance.shape
         torch.Size([5, 1, 1])
     """
 

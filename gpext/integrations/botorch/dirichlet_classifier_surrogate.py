@@ -51,6 +51,12 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
         InputTypeError: If ``model`` is not a ``DirichletGPClassifier``.
 
     Example:
+        >>> import torch
+        >>> from gpext.integrations.botorch import (
+        ...     DirichletClassifierSurrogate, fit_gpext_surrogate)
+        >>> from gpext.models import DirichletGPClassifier
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> labels = (X.sum(-1, keepdim=True) > 1).double()  # two classes, 0 and 1
         >>> clf = DirichletClassifierSurrogate(DirichletGPClassifier(2), train_X=X, train_Y=labels)
         >>> clf = fit_gpext_surrogate(clf, max_iter=50)
         >>> clf.class_probabilities(torch.rand(4, 1, X.shape[-1], dtype=X.dtype)).shape

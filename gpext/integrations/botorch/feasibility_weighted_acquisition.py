@@ -68,6 +68,27 @@ class FeasibilityWeightedAcquisition(AcquisitionFunction):
             ``(0, 1)``, or ``infeasible_value`` is not finite or is given for a log acquisition.
 
     Example:
+        >>> import torch
+        >>> from botorch.acquisition import LogExpectedImprovement, qUpperConfidenceBound
+        >>> from botorch.acquisition.utils import get_infeasible_cost
+        >>> from botorch.optim import optimize_acqf
+        >>> from botorch.utils.sampling import draw_sobol_samples
+        >>> from gpext.bootstrap import VBootRFF
+        >>> from gpext.integrations.botorch import (
+        ...     DirichletClassifierSurrogate, FeasibilityWeightedAcquisition, VBootSurrogate,
+        ...     fit_gpext_surrogate)
+        >>> from gpext.models import DirichletGPClassifier
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=g)
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
+        >>> feasible = (X.sum(-1, keepdim=True) > 1).double()  # pass / fail labels
+        >>> bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+        >>> vboot = VBootRFF(num_features=200, num_particles=16, noise=1e-3)
+        >>> objective_model = fit_gpext_surrogate(
+        ...     VBootSurrogate(vboot, train_X=X, train_Y=Y), generator=g)
+        >>> classifier = fit_gpext_surrogate(
+        ...     DirichletClassifierSurrogate(DirichletGPClassifier(2), train_X=X, train_Y=feasible))
+        >>> best_feasible = Y[feasible.squeeze(-1) == 1].max()
         >>> base = LogExpectedImprovement(objective_model, best_f=best_feasible)
         >>> acqf = FeasibilityWeightedAcquisition(base, classifier, feasible_class=1)
         >>> candidate, _ = optimize_acqf(acqf, bounds, q=1, num_restarts=4, raw_samples=64)

@@ -44,6 +44,16 @@ def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
         NotFittedError: If the adapter has no training data, or its model cannot be refitted.
 
     Example:
+        >>> import torch
+        >>> from botorch.models.transforms import Normalize
+        >>> from gpext.integrations.botorch import IGNSurrogate, fit_gpext_surrogate
+        >>> from gpext.models import InducingGPNetwork
+        >>> from gpext.nn import MLP
+        >>> d = 2
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = 10 * torch.rand(20, d, dtype=torch.float64, generator=g)  # not in the unit cube
+        >>> Y = X.sin().sum(-1, keepdim=True)
+        >>> ign = InducingGPNetwork(MLP(d, [16], 4), num_inducing=8).double()
         >>> model = IGNSurrogate(ign, train_X=X, train_Y=Y, input_transform=Normalize(d))
         >>> model = fit_gpext_surrogate(model, epochs=100, batch_size=32)
     """

@@ -99,8 +99,15 @@ def fit_weight_ensemble(
         ShapeError: If ``train_Y`` is not ``(n, 1)``.
 
     Example:
+        >>> import torch
+        >>> from botorch.acquisition import qUpperConfidenceBound
+        >>> from botorch.models.transforms import Standardize
+        >>> from gpext.integrations.botorch import fit_weight_ensemble
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
         >>> model = fit_weight_ensemble(X, Y, method="pca_ess", outcome_transform=Standardize(1))
-        >>> qUpperConfidenceBound(model, beta=4.0)(torch.rand(8, 2, X.shape[-1], dtype=X.dtype))
+        >>> qUpperConfidenceBound(model, beta=4.0)(torch.rand(8, 2, X.shape[-1], dtype=X.dtype)).shape
+        torch.Size([8])
     """
     if method not in METHODS:
         raise InputDataError(

@@ -46,6 +46,12 @@ class GWISurrogate(LatentGPSurrogate):
         InputTypeError: If ``model`` is not a GWI model.
 
     Example:
+        >>> import torch
+        >>> from botorch.models.transforms import Standardize
+        >>> from gpext.integrations.botorch import GWISurrogate, fit_gpext_surrogate
+        >>> from gpext.models import GWIRegressionModel
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
         >>> gwi, lik = GWIRegressionModel.from_data(X, Y.squeeze(-1))
         >>> model = fit_gpext_surrogate(GWISurrogate(gwi, lik, train_X=X, train_Y=Y), epochs=50)
     """

@@ -43,7 +43,13 @@ class IGNSurrogate(LatentGPSurrogate):
         InputTypeError: If ``model`` is not an ``InducingGPNetwork``.
 
     Example:
+        >>> import torch
+        >>> from botorch.models.transforms import Standardize
+        >>> from gpext.integrations.botorch import IGNSurrogate, fit_gpext_surrogate
+        >>> from gpext.models import InducingGPNetwork
         >>> from gpext.nn import MLP
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
         >>> ign = InducingGPNetwork(MLP(2, [16], 4), num_inducing=8).double()
         >>> model = IGNSurrogate(ign, train_X=X, train_Y=Y, outcome_transform=Standardize(1))
         >>> model = fit_gpext_surrogate(model, epochs=50, batch_size=32)

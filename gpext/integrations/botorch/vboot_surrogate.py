@@ -39,6 +39,12 @@ class VBootSurrogate(SampleEnsembleSurrogate):
         InputTypeError: If ``model`` is not a VBoot ensemble.
 
     Example:
+        >>> import torch
+        >>> from botorch.models.transforms import Standardize
+        >>> from gpext.bootstrap import VBootRFF
+        >>> from gpext.integrations.botorch import VBootSurrogate, fit_gpext_surrogate
+        >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> Y = (6 * X).sin().sum(-1, keepdim=True)
         >>> vboot = VBootRFF(num_features=200, num_particles=32, noise=1e-3)
         >>> model = VBootSurrogate(vboot, train_X=X, train_Y=Y, outcome_transform=Standardize(1))
         >>> model = fit_gpext_surrogate(model, generator=torch.Generator().manual_seed(0))

@@ -59,6 +59,16 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         InputDataError: If ``weights`` has non-finite entries or fewer than two rows.
 
     Example:
+        >>> import torch
+        >>> from gpext.integrations.botorch import WeightEnsembleSurrogate
+        >>> from gpext.nn import HeteroscedasticMLP
+        >>> from gpext.subspace import SWAG, OutputLikelihood, train_sgd_trajectory
+        >>> d = 2
+        >>> X = torch.rand(20, d, generator=torch.Generator().manual_seed(0))
+        >>> y = (6 * X).sin().sum(-1)
+        >>> net = HeteroscedasticMLP(d, [16])
+        >>> trajectory = train_sgd_trajectory(
+        ...     net, X, y, OutputLikelihood("heteroscedastic_gaussian"), epochs=40, swa_start=20)
         >>> swag = SWAG.from_trajectory(trajectory)
         >>> model = WeightEnsembleSurrogate.from_swag(net, swag, 32,
         ...     likelihood=OutputLikelihood("heteroscedastic_gaussian"))
