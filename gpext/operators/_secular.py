@@ -10,6 +10,9 @@ the formulas:
 
 1. ``sigma < 0`` is mapped to ``sigma > 0`` by negating ``d``; ``sqrt(|sigma|)`` is absorbed into
    ``z`` so that the secular equation reads ``f(lam) = 1 + sum_i z_i^2 / (d_i - lam) = 0``.
+   ``d`` and ``z`` are then scaled by powers of two (``2^(-2e)`` and ``2^(-e)``, exact) so that
+   ``max(|d|, max_i z_i^2)`` lies in ``[1/4, 1)``; the roots are scaled back by ``2^(2e)``. The
+   solver's squares and products then stay in range whatever the magnitude of the input.
 2. Deflation: entries with ``|z_i| ||z|| <= tol`` are dropped (their eigenpair is ``(d_i, u_i)``);
    pairs of (nearly) equal poles are merged by a Givens rotation that zeroes one ``z`` entry
    (applied to the two basis columns). Only the rotations themselves run in a Python loop, over
@@ -45,7 +48,7 @@ import warnings
 import numpy as np
 import torch
 
-from gpext.errors import NumericalWarning
+from gpext.errors import NumericalError, NumericalWarning
 
 __all__: list[str] = []
 
@@ -382,6 +385,31 @@ def _rotate(
     return u
 
 
+def _scale_exponent(d_h: np.ndarray, z_h: np.ndarray) -> int:
+    r"""The exponent ``e`` with ``max(|d|, ||z||_inf^2) / 2^(2e)`` in ``[1/4, 1)`` (0 for zeros).
+
+    Scaling ``d`` by :math:`2^{-2e}` and ``z`` by :math:`2^{-e}` scales
+    :math:`\operatorname{diag}(d) + z z^\top` by :math:`2^{-2e}` exactly (barring subnormals);
+    the eigenvalues are scaled back at the end and the eigenvectors do not change.
+
+    Raises:
+        NumericalError: If ``sqrt(|sigma|) z`` overflowed float64.
+    """
+    zmax = float(np.abs(z_h).max())
+    if not math.isfinite(zmax):
+        raise NumericalError(
+            "rank_one_eigh_update: sqrt(|sigma|) * U^T v overflows float64 (largest entry of "
+            "U^T v times sqrt(|sigma|) is not finite). Rescale sigma or v before updating."
+        )
+    dmax = float(np.abs(d_h).max())
+    exponents = []
+    if dmax > 0:
+        exponents.append((math.frexp(dmax)[1] + 1) // 2)
+    if zmax > 0:
+        exponents.append(math.frexp(zmax)[1])
+    return max(exponents) if exponents else 0
+
+
 def rank_one_basis_update(
     d: torch.Tensor,  # shape: (n,)
     u: torch.Tensor,  # shape: (m, n)
@@ -411,6 +439,10 @@ def rank_one_basis_update(
     z_h = z.detach().cpu().double().numpy() * math.sqrt(abs(sigma))
     perm_h = np.argsort(d_h, kind="stable")
     d_h, z_h = d_h[perm_h], z_h[perm_h]  # copies
+    # Scale by a power of two (exact) so that max(|d|, ||z||^2) is about 1: the solver's
+    # squares and products stay in range for inputs of any magnitude (1e160 or 1e-160).
+    e2 = _scale_exponent(d_h, z_h)
+    d_h, z_h = np.ldexp(d_h, -2 * e2), np.ldexp(z_h, -e2)
     znorm2 = float(np.dot(z_h, z_h))
     tol = 8.0 * eps * max(float(np.abs(d_h).max()), znorm2)
     active = np.abs(z_h) * math.sqrt(znorm2) > tol
@@ -440,7 +472,14 @@ def rank_one_basis_update(
         z_sign = torch.from_numpy(np.where(z_h[act_idx] < 0, -1.0, 1.0)).to(dtype=dtype)
         scale = max(float(np.abs(da_h).max()), float(np.abs(tau).max()))
         q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale)
-    lam_h = lam_s * sgn
+    with np.errstate(over="ignore"):
+        lam_h = np.ldexp(lam_s, 2 * e2) * sgn
+    if not (np.isfinite(lam_h).all() and np.abs(lam_h).max() <= torch.finfo(dtype).max):
+        raise NumericalError(
+            "rank_one_eigh_update: the updated eigenvalues (up to "
+            f"{float(np.abs(lam_s).max()):.3g} * 2^{2 * e2}) overflow {dtype}. Rescale the "
+            "matrix and the update vector before updating."
+        )
     order = np.argsort(lam_h, kind="stable")
     lam = torch.from_numpy(lam_h[order]).to(dtype=dtype, device=device)
     cols_a = perm_h[act_idx]  # basis column of each active (sorted) index

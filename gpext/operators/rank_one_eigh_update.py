@@ -48,9 +48,24 @@ def rank_one_eigh_update(
         ``(eigenvalues, eigenvectors)`` of ``A'``, eigenvalues in ascending order like
         :func:`torch.linalg.eigh`. # shapes: (*batch, n), (*batch, n, n)
 
+    The update has no backward pass: it works on detached values. When gradients are being
+    recorded (``torch.is_grad_enabled()``) and an input requires grad, it raises instead of
+    returning results that silently carry no gradient; differentiate
+    ``torch.linalg.eigh`` of the updated matrix instead, or call it under
+    ``torch.no_grad()`` (or on detached inputs) when no gradient is wanted.
+
+    Inputs of any magnitude whose result is representable are handled: :math:`d` and
+    :math:`\sqrt{|\sigma|}\, z` are scaled by powers of two so that
+    :math:`\max(\max_i |d_i|, \max_i |\sigma| z_i^2)` is about 1
+    before the secular equation is solved, and the eigenvalues are scaled back (exactly; the
+    eigenvectors do not change), so entries of magnitude 1e160 or 1e-160 neither overflow nor
+    lose precision.
+
     Raises:
         ShapeError: If the shapes do not fit together.
-        InputDataError: If an input has non-finite entries or an unsupported dtype.
+        InputDataError: If an input has non-finite entries or an unsupported dtype, or an input
+            requires grad while gradients are recorded.
+        NumericalError: If the updated eigenvalues overflow the dtype.
 
     Example:
         >>> a = torch.randn(5, 5, dtype=torch.float64)
@@ -61,6 +76,7 @@ def rank_one_eigh_update(
         >>> torch.allclose(u2 @ torch.diag(d2) @ u2.T, a - 0.5 * torch.outer(v, v))
         True
     """
+    _check_no_grad(eigenvalues=eigenvalues, eigenvectors=eigenvectors, v=v, sigma=sigma)
     d = as_float_tensor(eigenvalues, "rank_one_eigh_update.eigenvalues")
     u = as_float_tensor(eigenvectors, "rank_one_eigh_update.eigenvectors")
     v = as_float_tensor(v, "rank_one_eigh_update.v")
@@ -127,3 +143,21 @@ def rank_one_eigh_update(
             d[b].detach(), u[b].detach(), z[b].detach(), sig_h[b]
         )
     return lam.reshape(*batch, n), out.reshape(*batch, n, n)
+
+
+def _check_no_grad(**inputs: object) -> None:
+    """Raise :class:`~gpext.errors.InputDataError` if an input would need a backward pass."""
+    if not torch.is_grad_enabled():
+        return
+    names = [n for n, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if names:
+        raise InputDataError(
+            expected_got(
+                "rank_one_eigh_update",
+                "inputs that do not require grad (the update has no backward pass)",
+                f"requires_grad=True for {', '.join(names)}",
+                "Differentiate torch.linalg.eigh of the updated matrix U diag(d) U^T + "
+                "sigma v v^T instead, or pass detached inputs (or call it under "
+                "torch.no_grad()) when no gradient is wanted.",
+            )
+        )
