@@ -29,9 +29,14 @@ from gpext.integrations.botorch.feasibility_weighted_acquisition import (  # noq
 )
 from gpext.integrations.botorch.fit_gpext_surrogate import fit_gpext_surrogate  # noqa: E402
 from gpext.integrations.botorch.fit_weight_ensemble import fit_weight_ensemble  # noqa: E402
+from gpext.integrations.botorch.function_draw_path import FunctionDrawPath  # noqa: E402
 from gpext.integrations.botorch.gwi_surrogate import GWISurrogate  # noqa: E402
 from gpext.integrations.botorch.ign_surrogate import IGNSurrogate  # noqa: E402
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate  # noqa: E402
+from gpext.integrations.botorch.noisy_ensemble_posterior import (  # noqa: E402
+    NoisyEnsemblePosterior,
+)
+from gpext.integrations.botorch.noisy_ensemble_sampler import NoisyEnsembleSampler  # noqa: E402
 from gpext.integrations.botorch.sample_ensemble_surrogate import (  # noqa: E402
     SampleEnsembleSurrogate,
 )
@@ -45,10 +50,13 @@ __all__ = [
     "ConditionedLatentGPSurrogate",
     "DirichletClassifierSurrogate",
     "FeasibilityWeightedAcquisition",
+    "FunctionDrawPath",
     "GWISurrogate",
     "IGNSurrogate",
     "LatentGPSurrogate",
     "MissingExtraError",
+    "NoisyEnsemblePosterior",
+    "NoisyEnsembleSampler",
     "SampleEnsembleSurrogate",
     "VBootSurrogate",
     "WeightEnsembleSurrogate",

@@ -101,8 +101,10 @@ class ConditionedEnsembleSurrogate(SampleEnsembleSurrogate):
     hyperparameters stay as fitted, so refitting on the augmented data would differ.
 
     Noise: ``noise`` (outcome-transformed space) if given, else the adapter's noise model
-    (VBoot's fitted noise, a Gaussian network's mean predicted variance), else none; every
-    variance is raised to at least :math:`\rho\,\overline{\hat C(X, X)}` (``noise_floor``).
+    (VBoot's fitted noise, a Gaussian network's mean predicted variance times its
+    ``variance_scale``: the mean of the member noises that
+    ``posterior(X, observation_noise=True)`` mixes), else none; every variance is raised to
+    at least :math:`\rho\,\overline{\hat C(X, X)}` (``noise_floor``).
 
     The model holds the base adapter by reference and the mixing matrix (with its autograd
     graph; copies hold it detached) as a plain attribute; its batch shape is that of the data (``num_fantasies x

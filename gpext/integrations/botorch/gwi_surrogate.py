@@ -10,7 +10,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 
-from gpext.errors import InputTypeError, expected_got
+from gpext.errors import InputTypeError, NotFittedError, expected_got
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.models import GWIClassificationModel, GWIModel, GWIRegressionModel
@@ -115,6 +115,31 @@ class GWISurrogate(LatentGPSurrogate):
         return MultivariateNormal(
             q.mean.unsqueeze(-2),
             DenseLinearOperator((t * q.lazy_covariance_matrix.to_dense()).unsqueeze(-3)),
+        )
+
+    def _latent_paths(
+        self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None
+    ) -> torch.nn.Module:
+        # regression: f = m_Q + sqrt(T) (f0 - k_xZ K_ZZ^{-1} f0(Z) + k_xZ L eps), tempered Q
+        if self.model is None:
+            raise NotFittedError("GWISurrogate.draw_functions: fit the GWI model first.")
+        if self._classifier:
+            return super()._latent_paths(sample_shape, num_features, generator)
+        from gpext.integrations.botorch._pathwise import InducingPointPath
+
+        self.model._check_fitted()
+        self.model.eval()
+        strategy = self.model.variational_strategy
+        return InducingPointPath(
+            self.model.covar_module,
+            strategy.inducing_points,
+            sample_shape=sample_shape,
+            num_features=num_features,
+            jitter=float(strategy.jitter_val),
+            mean=strategy.mean_module,
+            lower=strategy._variational_distribution.lower,
+            scale=float(self.model.temperature) ** 0.5,
+            generator=generator,
         )
 
     def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:

@@ -95,6 +95,27 @@ class IGNSurrogate(LatentGPSurrogate):
             return None
         return self.model.likelihood.noise.to(X).reshape(1, 1)
 
+    def _latent_paths(
+        self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None
+    ) -> torch.nn.Module:
+        # regression: f = f0(g(x)) - k(g(x), Z) (K_ZZ + jitter)^{-1} (f0(Z) - r), 002 Eq. 7
+        if self.model.task != "regression":
+            return super()._latent_paths(sample_shape, num_features, generator)
+        from gpext.integrations.botorch._pathwise import InducingPointPath
+
+        self.model.eval()
+        gp = self.model.gp
+        return InducingPointPath(
+            gp.covar_module,
+            gp.inducing_points,
+            sample_shape=sample_shape,
+            num_features=num_features,
+            jitter=gp._jitter(gp.inducing_points.dtype),
+            features=self.model.features,
+            targets=gp.pseudo_labels(),
+            generator=generator,
+        )
+
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         if self.model.task == "regression":
             y = Y.squeeze(-1)

@@ -3,7 +3,7 @@ r"""Base class of the BoTorch adapters of gpext's Gaussian-process models."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from botorch.acquisition.objective import PosteriorTransform
@@ -22,6 +22,9 @@ from gpext.integrations.botorch.sample_ensemble_surrogate import (
     _check_output_indices,
     _subset_output_copy,
 )
+
+if TYPE_CHECKING:
+    from gpext.integrations.botorch.function_draw_path import FunctionDrawPath
 
 __all__ = ["LatentGPSurrogate"]
 
@@ -273,6 +276,83 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
             return sampler(self.posterior(Xq, observation_noise=obs))
 
         return run_fantasize(self, X, sampler, observation_noise, draw, kwargs)
+
+    def draw_functions(
+        self,
+        sample_shape: torch.Size | int = 1,
+        *,
+        num_features: int = 1024,
+        generator: torch.Generator | None = None,
+    ) -> FunctionDrawPath:
+        r"""Thompson sampling by function draws: pathwise samples of the posterior.
+
+        Each draw is a function, the pathwise update of a random-feature prior draw
+        (Wilson et al. 2020, "Efficiently sampling functions from Gaussian process
+        posteriors", Eq. 13, for the inducing-point posterior the subclasses report),
+
+        .. math::
+
+            f_i(x) = \mu(x) + s\big(f_{0,i}(x) - k_{xZ}K_{ZZ}^{-1} f_{0,i}(Z)
+                + k_{xZ} L\boldsymbol\varepsilon_i\big), \qquad
+            f_{0,i}(x) = \phi(x)^\top \mathbf w_i,\ \mathbf w_i, \boldsymbol\varepsilon_i
+                \sim \mathcal N(0, I),
+
+        with ``num_features`` random Fourier features :math:`\phi` of the kernel (BoTorch's
+        ``gen_kernel_features``).  The update is exact: the draws' mean is the posterior mean
+        and their covariance the posterior covariance up to the random-feature error of the
+        prior, :math:`O(F^{-1/2})`, and a term of the order of the jitter on :math:`K_{ZZ}`.
+        BoTorch's ``draw_matheron_paths`` and hence ``PathwiseThompsonSampling`` call this
+        method.  Available for the single-output
+        regression adapters (``IGNSurrogate``: :math:`\mu = k_{xZ}K_{ZZ}^{-1}\mathbf r`,
+        :math:`s = 1`, :math:`L = 0` on the network features; ``GWISurrogate``:
+        :math:`\mu = m_Q`, :math:`s = \sqrt T`); for the other adapters Thompson sampling
+        over a finite candidate set with BoTorch's ``MaxPosteriorSampling`` (exact joint
+        draws of ``posterior(X_cand)``) is the fallback.  The draws are tied to the model as
+        fitted when they are made (their update term is precomputed): draw again after
+        refitting.
+
+        Args:
+            sample_shape: Number (or shape) of draws.
+            num_features: Random Fourier features of the prior draw (even).
+            generator: Random generator of the draws.
+
+        Returns:
+            A :class:`~gpext.integrations.botorch.FunctionDrawPath` (values in the original
+            outcome space).
+
+        Raises:
+            InputTypeError: For a bad ``sample_shape``.
+            InputDataError: If the adapter has no pathwise sampler (classifiers, conditioned
+                models, ``DirichletClassifierSurrogate``) or its kernel has no random-feature
+                form.
+        """
+        from gpext.integrations.botorch.function_draw_path import (
+            FunctionDrawPath,
+            _as_sample_shape,
+            _LatentDraws,
+        )
+
+        name = f"{type(self).__name__}.draw_functions"
+        shape = _as_sample_shape(sample_shape, f"{name}(sample_shape)")
+        self.eval()
+        with torch.no_grad():
+            latent = self._latent_paths(shape, num_features, generator)
+        return FunctionDrawPath(self, _LatentDraws(self, latent), shape)
+
+    def _latent_paths(
+        self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None
+    ) -> torch.nn.Module:
+        """Module mapping transformed inputs ``(*b, n, d)`` to latent draws ``(*B, n)``."""
+        raise InputDataError(
+            expected_got(
+                f"{type(self).__name__}.draw_functions",
+                "a single-output regression adapter with a pathwise sampler (IGNSurrogate, "
+                "GWISurrogate)",
+                type(self).__name__,
+                "Use botorch's MaxPosteriorSampling on a finite candidate set (exact joint "
+                "draws of posterior(X_cand)).",
+            )
+        )
 
     def subset_output(self, idcs: list[int]) -> LatentGPSurrogate:
         """A copy of the adapter whose posterior has only the outputs ``idcs``.

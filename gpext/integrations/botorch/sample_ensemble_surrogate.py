@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import numbers
 from abc import ABC, abstractmethod
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from botorch.acquisition.objective import PosteriorTransform, ScalarizedPosteriorTransform
@@ -22,6 +22,11 @@ from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeEr
 from gpext.integrations.botorch._checks import check_query, model_dtype
 from gpext.integrations.botorch._fantasize import noise_floor, run_fantasize
 from gpext.integrations.botorch._training_data import TrainingDataMixin
+from gpext.integrations.botorch.noisy_ensemble_posterior import NoisyEnsemblePosterior
+from gpext.integrations.botorch.noisy_ensemble_sampler import NoisyEnsembleSampler
+
+if TYPE_CHECKING:
+    from gpext.integrations.botorch.function_draw_path import FunctionDrawPath
 
 __all__ = ["SampleEnsembleSurrogate"]
 
@@ -123,8 +128,10 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
 
     and its samples are whole members (BoTorch's ``IndexSampler`` draws member indices), so a
     posterior sample is a function: Monte Carlo acquisition functions see joint samples over the
-    ``q`` points and Thompson sampling maximises one member.  The members are fixed once the
-    model is built, so acquisition values are deterministic.
+    ``q`` points and Thompson sampling maximises one member (:meth:`draw_functions` gives
+    member functions for continuous Thompson sampling, as BoTorch's ``PathwiseThompsonSampling``
+    uses them).  The members are fixed once the model is built, so acquisition values are
+    deterministic.
 
     A posterior transform ``g`` (e.g. BoTorch's ``ScalarizedPosteriorTransform``) is applied to
     every member, :math:`g(f^{(1)}), \dots, g(f^{(S)})`: the posterior of :math:`g(f)` under the
@@ -133,6 +140,10 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     cross-output covariance in its variance.  :meth:`subset_output` returns a copy exposing some of
     the outputs.
 
+    ``posterior(X, observation_noise=True)`` (or a tensor of noise variances) is the Gaussian
+    mixture of the noisy observations, a
+    :class:`~gpext.integrations.botorch.NoisyEnsemblePosterior` (see :meth:`posterior`).
+
     :meth:`condition_on_observations` and :meth:`fantasize` return a
     :class:`~gpext.integrations.botorch.ConditionedEnsembleSurrogate` (a refit-free square-root
     update of the members).
@@ -140,8 +151,10 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     Subclasses owe ``_members(X) -> Tensor`` mapping ``(N, d)`` inputs to ``(S, N, m)``
     member outputs (differentiable in ``X``), the attributes ``model``, ``_num_outputs`` and
     ``_input_dim``, and optionally ``_fit_wrapped(X, Y, **kwargs)``,
-    ``_member_class_probabilities(X)`` and ``_noise_variance(X) -> (N, m or 1)`` (the
-    observation noise used when conditioning).
+    ``_member_class_probabilities(X)``, ``_noise_variance(X) -> (N, m or 1)`` (the
+    observation noise used when conditioning, the members' mean noise) and
+    ``_member_noise_variance(X) -> (S or 1, N, m or 1)`` (each member's noise, for
+    ``observation_noise=True``; default ``_noise_variance`` for every member).
 
     Args:
         train_X: Optional training inputs. # shape: (n, d)
@@ -172,10 +185,31 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
         """Observation-noise variance ``(N, m or 1)`` at inputs ``(N, d)`` (``None``: no model).
 
-        In the outcome-transformed space; used by :meth:`condition_on_observations` and
-        :meth:`fantasize` only.
+        In the outcome-transformed space; used by :meth:`condition_on_observations`,
+        :meth:`fantasize` and, through :meth:`_member_noise_variance`, by :meth:`posterior`.
         """
         return None
+
+    def _member_noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        """Observation-noise variance of each member ``(S or 1, N, m or 1)`` at ``(N, d)``.
+
+        In the outcome-transformed space; used by ``posterior(X, observation_noise=True)``.
+        Default: :meth:`_noise_variance` shared by all members (``None``: no noise model).
+        """
+        noise = self._noise_variance(X)
+        return None if noise is None else noise.unsqueeze(0)
+
+    def _exposed_member_noise_variance(self, Xt: torch.Tensor) -> torch.Tensor | None:
+        """Members' noise of the exposed outputs at ``(*b, q, d)``: ``(*b, S or 1, q, m or 1)``."""
+        flat = Xt.reshape(-1, Xt.shape[-1])
+        noise = self._member_noise_variance(flat)
+        if noise is None:
+            return None
+        sub = self._output_subset
+        if sub is not None and noise.shape[-1] != 1:
+            noise = noise[..., sub]
+        noise = noise.expand(noise.shape[0], flat.shape[0], noise.shape[-1])
+        return noise.reshape(noise.shape[0], *Xt.shape[:-1], noise.shape[-1]).movedim(0, -3)
 
     def _exposed_noise_variance(self, Xt: torch.Tensor) -> torch.Tensor | None:
         """The noise variance of the exposed outputs at ``(*b, n, d)``: ``(*b, n, m or 1)``."""
@@ -206,8 +240,8 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
             Y: Observations in the original outcome space. # shape: (*batch_y, n', m)
             noise: Noise variances in the outcome-transformed space, broadcastable to ``Y``;
                 default the adapter's noise model where it has one (VBoot's fitted noise, the
-                members' mean predicted variance of a Gaussian network), else none (a jitter
-                keeps the update stable).
+                members' mean predicted variance of a Gaussian network, times its
+                ``variance_scale``), else none (a jitter keeps the update stable).
             **kwargs: Ignored.
 
         Returns:
@@ -241,6 +275,9 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
           Gaussian moment-matched to the members plus noise,
           :math:`\mathbf y \sim \mathcal N(\bar f(X), \hat C(X, X) + \Sigma)`, the
           distribution the conditioning assumes;
+        * a :class:`~gpext.integrations.botorch.NoisyEnsembleSampler` draws from the Gaussian
+          mixture of the noisy observations, ``posterior(X, observation_noise=...)``: a member
+          plus its noise (member values alone for a model without a noise model);
         * any other sampler (``IndexSampler``) draws from the ensemble posterior, i.e. member
           values :math:`f_s(X)` (no observation noise).
 
@@ -264,6 +301,11 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         """
 
         def draw(Xq: torch.Tensor, obs: torch.Tensor | None) -> torch.Tensor:
+            if isinstance(sampler, NoisyEnsembleSampler):
+                if obs is None:
+                    Xt = self.transform_inputs(Xq)
+                    obs = self._exposed_member_noise_variance(Xt) is not None
+                return sampler(self.posterior(Xq, observation_noise=obs))
             if not isinstance(sampler, NormalMCSampler):
                 return sampler(self.posterior(Xq))
             self.eval()
@@ -313,6 +355,7 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         X: torch.Tensor,
         output_indices: list[int] | None = None,
         posterior_transform: PosteriorTransform | None = None,
+        observation_noise: bool | torch.Tensor = False,
         **kwargs: Any,
     ) -> EnsemblePosterior:
         r"""The ensemble posterior at ``X`` (see ``EnsembleModel.posterior``).
@@ -322,24 +365,50 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         ``posterior_transform``; here the transform is applied member by member (its
         ``evaluate``), which is the exact posterior of the transformed outputs (see the class).
 
+        ``observation_noise=False`` (default) gives the distribution of the latent function,
+        the :class:`~botorch.posteriors.ensemble.EnsemblePosterior` of the members.  With
+        observation noise the result is the Gaussian mixture of the noisy observations,
+        :class:`~gpext.integrations.botorch.NoisyEnsemblePosterior`,
+
+        .. math::
+
+            p(\mathbf y(X)) = \frac1S \sum_{s=1}^S \mathcal N\big(\mathbf y;\
+                f^{(s)}(X),\ \operatorname{diag}\sigma^2_s(X)\big),
+
+        whose ``mean`` is still the member average and whose ``variance`` is the members'
+        spread plus their mean noise variance.  ``True`` takes :math:`\sigma^2_s` from the
+        adapter's noise model (VBoot's fitted noise, a network's predicted variance per member
+        times its variance scale); a tensor of variances is used for every member (BoTorch's
+        convention).  Both are in the outcome-transformed space and are mapped to the original
+        space by the outcome transform, which must then be linear (e.g. ``Standardize``:
+        :math:`\sigma^2 \mapsto \text{std}^2\sigma^2`); a ``posterior_transform`` must then
+        be a ``ScalarizedPosteriorTransform`` (noise :math:`\sum_j w_j^2 \sigma^2_{s,j}`, the
+        outputs' noise being independent).
+
         Args:
             X: Query points. # shape: (*batch, q, d)
             output_indices: Outputs to keep (default all).
             posterior_transform: Optional BoTorch ``PosteriorTransform`` (e.g.
                 ``ScalarizedPosteriorTransform(weights, offset)`` with ``weights`` of shape
                 ``(m,)``, or ``(len(output_indices),)``).
-            **kwargs: ``observation_noise`` (``True`` is ignored, the members are latent
-                functions; a tensor raises BoTorch's ``UnsupportedError``).
+            observation_noise: ``False``, ``True`` (the adapter's noise model) or noise
+                variances in the outcome-transformed space. # shape: (*batch, q, m)
+            **kwargs: Ignored (BoTorch passes model-specific options here).
 
         Returns:
-            An ``EnsemblePosterior`` with values of shape ``(*batch, S, q, m)`` (``m = 1`` after a
-            scalarising transform).
+            An ``EnsemblePosterior`` (a ``NoisyEnsemblePosterior`` with observation noise) with
+            values of shape ``(*batch, S, q, m)`` (``m = 1`` after a scalarising transform).
 
         Raises:
-            InputTypeError: If ``X`` is not a floating tensor of the model's dtype.
-            ShapeError: If ``X`` is not ``batch x q x d``, or the weights of a
-                ``ScalarizedPosteriorTransform`` do not match the number of outputs.
-            InputDataError: For non-finite ``X`` or invalid ``output_indices``.
+            InputTypeError: If ``X`` is not a floating tensor of the model's dtype, or
+                ``observation_noise`` is neither a bool nor a floating tensor.
+            ShapeError: If ``X`` is not ``batch x q x d``, the weights of a
+                ``ScalarizedPosteriorTransform`` do not match the number of outputs, or the
+                noise tensor is not ``(*batch, q, m)``.
+            InputDataError: For non-finite ``X``, invalid ``output_indices``, negative noise,
+                ``observation_noise=True`` on a model without a noise model (a classifier),
+                or observation noise with a non-linear outcome transform or a posterior
+                transform other than ``ScalarizedPosteriorTransform``.
         """
         name = type(self).__name__
         check_query(X, self._input_dim, model_dtype(self.model), f"{name}.posterior(X)")
@@ -348,8 +417,11 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
                 output_indices, self.num_outputs, f"{name}.posterior(output_indices)"
             )
         posterior = super().posterior(X, output_indices=output_indices, **kwargs)
+        noise = self._observation_noise(X, observation_noise, output_indices)
         if posterior_transform is None:
-            return posterior
+            if noise is None:
+                return posterior
+            return NoisyEnsemblePosterior(posterior.values, noise, weights=self.ensemble_weights)
         values = posterior.values.contiguous()  # shape: (*batch, S, q, m)
         if isinstance(posterior_transform, ScalarizedPosteriorTransform):
             w = posterior_transform.weights
@@ -366,6 +438,16 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
                 posterior_transform = ScalarizedPosteriorTransform(
                     w.to(values), offset=posterior_transform.offset
                 )
+        elif noise is not None:
+            raise InputDataError(
+                expected_got(
+                    f"{name}.posterior(posterior_transform)",
+                    "a ScalarizedPosteriorTransform together with observation noise (the "
+                    "noise of other transforms is not Gaussian)",
+                    type(posterior_transform).__name__,
+                    "Pass observation_noise=False, or scalarise the samples in an objective.",
+                )
+            )
         Xt = self.transform_inputs(X).unsqueeze(-3)  # shape: (*batch, 1, q, d)
         out = posterior_transform.evaluate(values, X=Xt)
         if out.dim() == values.dim() - 1:  # a scalarising transform drops the output dimension
@@ -379,7 +461,134 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
                     f"{tuple(out.shape)} from values of shape {tuple(values.shape)}",
                 )
             )
-        return EnsemblePosterior(values=out, weights=self.ensemble_weights)
+        if noise is None:
+            return EnsemblePosterior(values=out, weights=self.ensemble_weights)
+        w2 = posterior_transform.weights.to(noise) ** 2
+        noise = (noise * w2).sum(-1, keepdim=True)  # independent outputs: sum_j w_j^2 s_j^2
+        return NoisyEnsemblePosterior(out, noise, weights=self.ensemble_weights)
+
+    def _observation_noise(
+        self,
+        X: torch.Tensor,
+        observation_noise: object,
+        output_indices: list[int] | None,
+    ) -> torch.Tensor | None:
+        """Noise variances ``(*batch, S or 1, q, m')`` in the original outcome space, or ``None``.
+
+        ``m'`` counts the outputs kept by ``output_indices``; see :meth:`posterior`.
+        """
+        name = f"{type(self).__name__}.posterior(observation_noise)"
+        if observation_noise is False or observation_noise is None:
+            return None
+        self.eval()
+        Xt = self.transform_inputs(X)
+        m = self.num_outputs
+        if isinstance(observation_noise, torch.Tensor):
+            obs = observation_noise
+            if not obs.is_floating_point():
+                raise InputTypeError(expected_got(name, "a floating tensor", obs.dtype))
+            try:
+                batch = torch.broadcast_shapes(obs.shape[:-2], X.shape[:-2])
+            except RuntimeError:
+                batch = None
+            if obs.dim() < 2 or obs.shape[-2:] != (X.shape[-2], m) or batch != X.shape[:-2]:
+                raise ShapeError(
+                    expected_got(
+                        name,
+                        f"noise variances of shape (*batch, {X.shape[-2]}, {m}) matching "
+                        f"X {tuple(X.shape)}",
+                        tuple(obs.shape),
+                    )
+                )
+            if not bool(torch.isfinite(obs).all()) or bool((obs < 0).any()):
+                raise InputDataError(expected_got(name, "finite non-negative variances", "other"))
+            noise = obs.to(Xt).unsqueeze(-3)  # shape: (*batch, 1, q, m)
+        elif observation_noise is True:
+            noise = self._exposed_member_noise_variance(Xt)
+            if noise is None:
+                raise InputDataError(
+                    f"{name}: expected observation_noise=False, got True; this model has no "
+                    "observation-noise model (its outputs are latent functions)."
+                )
+        else:
+            raise InputTypeError(
+                expected_got(name, "a bool or a tensor of noise variances", repr(observation_noise))
+            )
+        noise = noise.expand(*noise.shape[:-1], m)
+        octf = getattr(self, "outcome_transform", None)
+        if octf is not None:
+            if not octf._is_linear:
+                raise InputDataError(
+                    expected_got(
+                        name,
+                        "a linear outcome transform (e.g. Standardize) to map the noise to the "
+                        "original space",
+                        type(octf).__name__,
+                        "Use observation_noise=False with this transform.",
+                    )
+                )
+            noise = octf.untransform(torch.zeros_like(noise), noise, X=Xt)[1]
+        if output_indices is not None:
+            noise = noise[..., output_indices]
+        return noise
+
+    def draw_functions(
+        self, sample_shape: torch.Size | int = 1, *, generator: torch.Generator | None = None
+    ) -> FunctionDrawPath:
+        r"""Thompson sampling by function draws: draw ``i`` is one member's function.
+
+        .. math::
+
+            f_i = f^{(s_i)}, \qquad s_i \sim \operatorname{Categorical}(w_1, \dots, w_S)
+            \ \text{(uniform unless ``ensemble_weights`` are set)},
+
+        independently for every draw (and every batch element of a conditioned model).  This
+        is an exact draw from the ensemble's distribution over functions (the members), the
+        same one ``posterior(X).rsample()`` draws at finitely many points, so a draw is the
+        same function at every ``X`` (maximise it with ``optimize_acqf``, or use BoTorch's
+        ``PathwiseThompsonSampling``, which calls this method through
+        ``draw_matheron_paths``).  Draws carry no observation noise, and they hold the
+        adapter by reference: they follow the members as they are when evaluated.
+
+        Args:
+            sample_shape: Number (or shape) of draws.
+            generator: Random generator of the member indices.
+
+        Returns:
+            A :class:`~gpext.integrations.botorch.FunctionDrawPath`; ``path.draws.indices``
+            holds the chosen members, shape ``(*sample_shape, *batch_shape)``.
+
+        Raises:
+            InputTypeError: For a bad ``sample_shape``.
+        """
+        from gpext.integrations.botorch.function_draw_path import (
+            FunctionDrawPath,
+            _as_sample_shape,
+            _MemberDraws,
+        )
+
+        name = f"{type(self).__name__}.draw_functions"
+        shape = _as_sample_shape(sample_shape, f"{name}(sample_shape)") + self.batch_shape
+        num = self._ensemble_size()
+        weights = self.ensemble_weights
+        probs = torch.ones(num) if weights is None else weights.detach().double().cpu()
+        indices = torch.multinomial(
+            probs.expand(shape.numel(), num), 1, replacement=True, generator=generator
+        ).reshape(shape)
+        draw_shape = shape[: len(shape) - len(self.batch_shape)]
+        return FunctionDrawPath(self, _MemberDraws(self, indices), draw_shape)
+
+    def _ensemble_size(self) -> int:
+        """Number of members ``S`` (from ``num_members``, else from one evaluation)."""
+        num = getattr(self, "num_members", None)
+        if num is not None:
+            return int(num)
+        d = self._input_dim
+        if d is None and getattr(self, "train_X", None) is not None:
+            d = int(self.train_X.shape[-1])
+        dtype = model_dtype(self.model)
+        with torch.no_grad():
+            return int(self.forward(torch.zeros(1, d or 1, dtype=dtype)).shape[-3])
 
     def subset_output(self, idcs: list[int]) -> SampleEnsembleSurrogate:
         """A copy of the adapter whose members have only the outputs ``idcs``.

@@ -2,6 +2,8 @@ r"""BoTorch adapter of sampled network weights: SWAG, MultiSWAG and subspace (ES
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -41,8 +43,12 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
     :class:`~gpext.subspace.WeightPosterior`, e.g. online factor analysis) or :meth:`from_subspace` (a
     :class:`~gpext.subspace.SubspaceModel` and its samples).
     :func:`~gpext.integrations.botorch.fit_weight_ensemble` trains one from data.
-    ``condition_on_observations`` and ``fantasize`` use the members' mean predicted noise
-    variance (regression) as the observation noise.
+    Observation noise (regression): member :math:`s` predicts the noise variance
+    :math:`\kappa\,\sigma^2_{w_s}(x)` (the heteroscedastic head's variance, or the fixed
+    ``noise_variance`` of ``"gaussian"``, times :attr:`variance_scale` :math:`\kappa`);
+    ``posterior(X, observation_noise=True)`` is the mixture of the members with their own
+    noise, and ``condition_on_observations`` and ``fantasize`` use the members' mean noise
+    variance.
 
     Args:
         module: The network (in eval mode; batch-norm statistics are the module's own).
@@ -75,6 +81,9 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         >>> model.posterior(torch.rand(4, 1, d)).mean.shape
         torch.Size([4, 1, 1])
     """
+
+    # factor on the members' predicted noise variances (see ``variance_scale``)
+    _variance_scale: float = 1.0
 
     def __init__(
         self,
@@ -263,6 +272,9 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
     ) -> WeightEnsembleSurrogate:
         r"""Members :math:`\hat w + P^\top\theta_s` of a subspace model's samples (ESS or VI).
 
+        The adapter's :attr:`variance_scale` is the model's ``variance_scale`` (its calibrated
+        factor on the predicted noise variances).
+
         Args:
             model: The :class:`~gpext.subspace.SubspaceModel`.
             thetas: Subspace samples (``model.sample_ess`` / ``model.sample_vi``). # shape: (S, r)
@@ -292,7 +304,7 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
                     getattr(thetas, "shape", type(thetas).__name__),
                 )
             )
-        return cls(
+        out = cls(
             model.module,
             model.weights(thetas),
             model.likelihood,
@@ -300,6 +312,37 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
             input_transform=input_transform,
             outcome_transform=outcome_transform,
         )
+        out.variance_scale = model.variance_scale
+        return out
+
+    @property
+    def variance_scale(self) -> float:
+        r"""Factor :math:`\kappa` on the members' predicted noise variances (default 1).
+
+        :meth:`from_subspace` copies the subspace model's calibrated ``variance_scale``
+        (:meth:`gpext.subspace.SubspaceModel.calibrate_variance`).
+
+        Raises:
+            InputDataError: (setter) For a value that is not a positive finite number.
+        """
+        return self._variance_scale
+
+    @variance_scale.setter
+    def variance_scale(self, value: float) -> None:
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = float(value)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise InputDataError(
+                expected_got(
+                    "WeightEnsembleSurrogate.variance_scale", "a positive finite number", value
+                )
+            )
+        self._variance_scale = float(value)
 
     @property
     def num_members(self) -> int:
@@ -316,12 +359,17 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
             return self.likelihood.mean_variance(out)[0].reshape(out.shape[0], X.shape[0], 1)
         return out
 
-    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
-        # the members' mean predicted noise variance (the fixed variance of "gaussian")
+    def _member_noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        # each member's predicted noise variance (the fixed variance of "gaussian"), scaled
         if not self.likelihood.is_regression:
             return None
         var = self.likelihood.mean_variance(self._outputs(X))[1]  # shape: (S, N)
-        return var.mean(0).reshape(X.shape[0], 1)
+        return (self.variance_scale * var).reshape(var.shape[0], X.shape[0], 1)
+
+    def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        # the members' mean predicted noise variance
+        var = self._member_noise_variance(X)
+        return None if var is None else var.mean(0)
 
     def _member_class_probabilities(self, X: torch.Tensor) -> torch.Tensor:
         if self.likelihood.is_regression:
