@@ -27,6 +27,7 @@ __all__ = [
     "GpextWarning",
     "NumericalWarning",
     "DataWarning",
+    "BatchNormWarning",
     "FitWarning",
     "VarianceCollapseWarning",
     "ConstantPredictionWarning",
@@ -102,6 +103,15 @@ class NumericalWarning(GpextWarning, _LinearOperatorNumericalWarning):
 
 class DataWarning(GpextWarning):
     """Something about the data looks suspicious but was handled."""
+
+
+class BatchNormWarning(GpextWarning):
+    """A batch-norm network is evaluated with running statistics that may not match its weights.
+
+    E.g. sampled weights predicted without inputs to recompute the statistics (pass
+    ``bn_inputs``, see :func:`gpext.subspace.refresh_batch_norm`): the statistics are then
+    those last accumulated in training, which belong to other weights.
+    """
 
 
 class FitWarning(GpextWarning):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
+import warnings
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from gpext.errors import ShapeError, expected_got
+from gpext.errors import BatchNormWarning, ShapeError, expected_got
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.output_likelihood import OutputLikelihood
@@ -91,11 +94,15 @@ def predict_weight_samples(
     *,
     bn_inputs: torch.Tensor | None = None,
     batch_size: int = 4096,
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Predict with every sampled weight vector.
 
     For a network with batch norm, pass the training inputs as ``bn_inputs``: the statistics
-    are recomputed for each sample (on a copy of the module) before predicting.
+    are recomputed for each sample (on a copy of the module) before predicting. Without them
+    (and without ``buffers``) every sample is evaluated with the module's own running
+    statistics, those of the last training iterate, which do not belong to the sampled
+    weights; a :class:`~gpext.errors.BatchNormWarning` says so.
 
     Args:
         module: The network (evaluated in eval mode).
@@ -104,10 +111,15 @@ def predict_weight_samples(
         likelihood: How to read the outputs.
         bn_inputs: Inputs for refreshing batch-norm statistics.
         batch_size: Test points per forward pass.
+        buffers: Buffers (e.g. batch-norm statistics refreshed at the subspace centre) used
+            for every sample instead of the module's own; ignored with ``bn_inputs``.
 
     Returns:
         Regression: ``{"means": (S, N), "variances": (S, N)}``; classification:
         ``{"probs": (S, N, C)}``.
+
+    Warns:
+        BatchNormWarning: For a batch-norm network with neither ``bn_inputs`` nor ``buffers``.
     """
     flat = FlatParameters(module)
     if weights.dim() != 2 or weights.shape[-1] != flat.num_parameters:
@@ -118,7 +130,19 @@ def predict_weight_samples(
                 tuple(weights.shape),
             )
         )
-    refresh = bn_inputs is not None and has_batch_norm(module)
+    batch_norm = has_batch_norm(module)
+    refresh = bn_inputs is not None and batch_norm
+    if batch_norm and bn_inputs is None and buffers is None:
+        warnings.warn(
+            "predict_weight_samples: the network has batch norm but no bn_inputs were given, so "
+            "every sample is evaluated with the running statistics of the last training "
+            "iterate, not of its own weights. Pass the training inputs as bn_inputs to "
+            "recompute them per sample.",
+            BatchNormWarning,
+            stacklevel=_stacklevel(),
+        )
+    if refresh:
+        buffers = None
     work = copy.deepcopy(module) if refresh else module
     was_training = work.training
     outs = []
@@ -130,7 +154,7 @@ def predict_weight_samples(
             work.eval()
             w_flat = FlatParameters(work)
             chunks = [
-                w_flat.functional_call(w, x[i : i + batch_size])
+                w_flat.functional_call(w, x[i : i + batch_size], buffers=buffers)
                 for i in range(0, x.shape[0], batch_size)
             ]
             outs.append(torch.cat(chunks))
@@ -140,6 +164,14 @@ def predict_weight_samples(
         means, variances = likelihood.mean_variance(out)
         return {"means": means, "variances": variances}
     return {"probs": likelihood.predictive_probs(out)}
+
+
+def _stacklevel() -> int:
+    """Stack level of the first frame outside gpext.subspace (the user's call)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("gpext.subspace"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_pair(means: torch.Tensor, variances: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
-from gpext.fit import check_explained_variance
+from gpext.fit import check_explained_variance, minibatch_indices
+from gpext.subspace.batch_norm import has_batch_norm
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int, progress_bar
@@ -61,7 +62,10 @@ def train_sgd_trajectory(
         swa_lr: Constant rate of the collection phase (default ``lr / 2``).
         momentum: SGD momentum.
         weight_decay: :math:`\lambda`.
-        batch_size: Mini-batch size (default ``ceil(N / 10)``, the drbayes UCI choice).
+        batch_size: Mini-batch size (default ``ceil(N / 10)``, the drbayes UCI choice). For a
+            network with batch norm, a last mini-batch of one row (``N mod batch_size == 1``)
+            is merged into the one before it (batch norm has no batch variance for one row),
+            as :func:`gpext.fit.minibatch_indices` does with ``min_size=2``.
         collect_every: Collection period in optimiser steps (default: steps per epoch).
         max_deviations: Deviation buffer size ``K``.
         max_grad_norm: Clip the gradient to this Euclidean norm before each step (``None``: no
@@ -81,6 +85,7 @@ def train_sgd_trajectory(
 
     Raises:
         InputDataError: If ``swa_start >= epochs``.
+        ShapeError: If ``x`` and ``y`` differ in rows, or a batch-norm network gets one row.
         NumericalError: If the loss becomes non-finite.
     """
     epochs = check_positive_int(epochs, "train_sgd_trajectory.epochs")
@@ -99,7 +104,16 @@ def train_sgd_trajectory(
             )
         )
     bs = -(-n // 10) if batch_size is None else min(check_positive_int(batch_size, "batch_size"), n)
-    steps_per_epoch = -(-n // bs)
+    min_size = 2 if has_batch_norm(module) else 1
+    if n < min_size:
+        raise ShapeError(
+            expected_got(
+                "train_sgd_trajectory(x)",
+                "at least 2 rows for a network with batch norm (no batch variance for one row)",
+                tuple(x.shape),
+            )
+        )
+    steps_per_epoch = -(-n // bs) - (1 if min_size == 2 and n > bs and n % bs == 1 else 0)
     every = (
         steps_per_epoch
         if collect_every is None
@@ -125,9 +139,9 @@ def train_sgd_trajectory(
             rate = swa_lr
         for group in opt.param_groups:
             group["lr"] = rate
-        perm = torch.randperm(n, generator=generator).to(x.device)
-        for start in range(0, n, bs):
-            idx = perm[start : start + bs]
+        for idx in minibatch_indices(
+            n, bs, generator=generator, device=x.device, min_size=min_size
+        ):
             loss = -likelihood.log_prob(module(x[idx]), y[idx]).mean()
             if not torch.isfinite(loss):
                 raise NumericalError(

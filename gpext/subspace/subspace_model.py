@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -30,6 +31,7 @@ from gpext.fit import (
     train_loop,
 )
 from gpext.metrics import mixture_gaussian_log_likelihood
+from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
@@ -60,7 +62,16 @@ class SubspaceModel(nn.Module):
 
     with reparameterised samples and Adam; :meth:`predict` returns per-sample predictions for
     Bayesian model averaging. The network is evaluated functionally (``torch.func``) in eval
-    mode; its own parameters are not changed.
+    mode; its own parameters and buffers are not changed.
+
+    Batch norm: the network's running statistics are those of the last SGD iterate, not of the
+    centre :math:`\hat w` around which the posterior lives. For a network with batch norm,
+    :meth:`sample_ess` and :meth:`fit_vi` therefore first recompute them at the centre on their
+    training inputs (:meth:`refresh_batch_norm`: one pass in train mode with a cumulative
+    average, on a copy of the network), and every :math:`\theta` is evaluated with those
+    statistics (:attr:`bn_buffers`). :meth:`predict` uses them as well, unless ``bn_inputs``
+    asks for statistics recomputed per sample; with neither it warns
+    (:class:`~gpext.errors.BatchNormWarning`).
 
     Args:
         module: The network.
@@ -118,6 +129,37 @@ class SubspaceModel(nn.Module):
         #: :meth:`calibrate_variance`; 1 leaves the network's variances as they are.
         self.variance_scale = 1.0
         self.variational: MeanFieldGaussian | None = None
+        #: Buffers of the network with batch-norm statistics recomputed at the centre
+        #: (:meth:`refresh_batch_norm`); ``None`` until then, or without batch norm.
+        self.bn_buffers: dict[str, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def refresh_batch_norm(
+        self, x: torch.Tensor, *, batch_size: int = 256
+    ) -> dict[str, torch.Tensor] | None:
+        r"""Recompute the batch-norm statistics at the centre :math:`\hat w` on inputs ``x``.
+
+        On a copy of the network with the centre's weights, the running statistics are reset
+        and re-estimated by one pass over ``x`` (:func:`~gpext.subspace.refresh_batch_norm`).
+        The copy's buffers are stored in :attr:`bn_buffers` and used by
+        :meth:`log_likelihood` (hence ESS and VI) and :meth:`predict`. :meth:`sample_ess` and
+        :meth:`fit_vi` call it on their training inputs.
+
+        Args:
+            x: Training inputs. # shape: (N, ...)
+            batch_size: Mini-batch size of the pass.
+
+        Returns:
+            :attr:`bn_buffers`, or ``None`` for a network without batch norm.
+        """
+        if not has_batch_norm(self.module):
+            self.bn_buffers = None
+            return None
+        work = copy.deepcopy(self.module)
+        self.flat.assign(self.center, work)
+        refresh_batch_norm(work, x, batch_size=batch_size)
+        self.bn_buffers = {name: b.detach().clone() for name, b in work.named_buffers()}
+        return self.bn_buffers
 
     @property
     def rank(self) -> int:
@@ -147,7 +189,7 @@ class SubspaceModel(nn.Module):
         Returns:
             Scalar tensor.
         """
-        out = self.flat.functional_call(self.weights(theta), x)
+        out = self.flat.functional_call(self.weights(theta), x, buffers=self.bn_buffers)
         return self.likelihood.log_prob(out, y).sum()
 
     def sample_ess(
@@ -178,6 +220,7 @@ class SubspaceModel(nn.Module):
             Samples. # shape: (S, r)
         """
         self._check_data(x, y)
+        self.refresh_batch_norm(x)
         sampler = EllipticalSliceSampler(
             lambda t: self.log_likelihood(t, x, y) / self.temperature,
             self.rank,
@@ -491,6 +534,7 @@ class SubspaceModel(nn.Module):
         """
         start = time.perf_counter()
         self._check_data(x, y)
+        self.refresh_batch_norm(x)
         what = "SubspaceModel.fit_vi"
         num_steps = check_positive_int(num_steps, f"{what}.num_steps")
         num_mc = check_positive_int(num_mc, f"{what}.num_mc")
@@ -773,12 +817,18 @@ class SubspaceModel(nn.Module):
         Args:
             x: Test inputs. # shape: (N, ...)
             thetas: Subspace samples. # shape: (S, r)
-            bn_inputs: Training inputs for refreshing batch-norm statistics per sample.
+            bn_inputs: Training inputs for refreshing batch-norm statistics per sample
+                (default: the statistics at the centre, :attr:`bn_buffers`, once ESS or VI
+                computed them).
 
         Returns:
             ``{"means", "variances"}`` of shape ``(S, N)`` (the variances times
             ``variance_scale``, see :meth:`calibrate_variance`) or ``{"probs"}`` of shape
             ``(S, N, C)``; see :func:`~gpext.subspace.regression_mixture_moments`.
+
+        Warns:
+            BatchNormWarning: For a batch-norm network predicted with neither ``bn_inputs`` nor
+                statistics at the centre (no ESS or VI run yet, no :meth:`refresh_batch_norm`).
         """
         if thetas.dim() != 2:
             raise ShapeError(
@@ -787,7 +837,12 @@ class SubspaceModel(nn.Module):
                 )
             )
         out = predict_weight_samples(
-            self.module, self.weights(thetas), x, self.likelihood, bn_inputs=bn_inputs
+            self.module,
+            self.weights(thetas),
+            x,
+            self.likelihood,
+            bn_inputs=bn_inputs,
+            buffers=self.bn_buffers,
         )
         if "variances" in out and self.variance_scale != 1.0:
             out["variances"] = out["variances"] * self.variance_scale

@@ -17,12 +17,13 @@ __all__ = ["SWAG"]
 class SWAG(LowRankGaussianWeightPosterior):
     r"""The SWAG posterior :math:`\mathcal{N}(\bar w, \tfrac{1}{2}(\Sigma_{\text{diag}} + \Sigma_{\text{low-rank}}))`.
 
-    From the SWA mean :math:`\bar w`, the second moment :math:`\overline{w^2}` and the ``K``
-    deviations :math:`\hat D` actually collected (rows),
+    From the SWA mean :math:`\bar w`, the diagonal variance
+    :math:`\sigma^2 = \overline{w^2} - \bar w^2` and the ``K`` deviations :math:`\hat D`
+    actually collected (rows),
 
     .. math::
 
-        \Sigma_{\text{diag}} = \operatorname{diag}(\overline{w^2} - \bar w^2), \qquad
+        \Sigma_{\text{diag}} = \operatorname{diag}(\sigma^2), \qquad
         \Sigma_{\text{low-rank}} = \frac{\hat D^\top \hat D}{K - 1}, \qquad
         w = \bar w + \sqrt{\text{scale}}\Big(\Sigma_{\text{diag}}^{1/2} z_1
             + \frac{\hat D^\top z_2}{\sqrt{K - 1}}\Big),
@@ -32,21 +33,28 @@ class SWAG(LowRankGaussianWeightPosterior):
     (:meth:`covariance`, a low-rank-plus-diagonal LinearOperator). ``scale = 0.5`` is the usual
     choice. ``K - 1`` counts the deviations really collected, not the buffer size.  SWAG is a
     :class:`~gpext.subspace.LowRankGaussianWeightPosterior` with
-    :math:`F = \hat D^\top / \sqrt{K - 1}` and :math:`\psi = \overline{w^2} - \bar w^2`, so it
+    :math:`F = \hat D^\top / \sqrt{K - 1}` and :math:`\psi = \sigma^2`, so it
     also has :meth:`log_prob` (with ``diagonal=True``) and mixes with other weight posteriors in
     :class:`~gpext.subspace.WeightMixture`.
 
+    The variance is best passed directly (``variance=``, as :meth:`from_trajectory` does with
+    the collector's Welford moments): recomputing it as :math:`\overline{w^2} - \bar w^2` from
+    a float32 ``sq_mean`` loses it when :math:`|w|` is large against its spread. A ``sq_mean``
+    is still accepted and subtracted in float64.
+
     Args:
         mean: SWA mean. # shape: (D,)
-        sq_mean: Running mean of squared weights. # shape: (D,)
+        sq_mean: Running mean of squared weights, or ``None`` with ``variance``. # shape: (D,)
         deviations: Deviations, one per row (``K >= 2``). # shape: (K, D)
+        variance: Diagonal variance :math:`\sigma^2` instead of ``sq_mean``. # shape: (D,)
         diagonal: Include :math:`\Sigma_{\text{diag}}` (``False``: low-rank only).
         scale: Default covariance scale of :meth:`sample`, :meth:`covariance` and
             :meth:`log_prob`.
 
     Raises:
         ShapeError: On inconsistent shapes.
-        InputDataError: With fewer than two deviations or non-finite inputs.
+        InputDataError: With fewer than two deviations, non-finite inputs, a negative
+            variance, or not exactly one of ``sq_mean`` and ``variance``.
 
     Example:
         >>> traj = TrajectoryCollector(torch.nn.Linear(3, 1), max_deviations=5)
@@ -59,19 +67,30 @@ class SWAG(LowRankGaussianWeightPosterior):
     def __init__(
         self,
         mean: torch.Tensor,
-        sq_mean: torch.Tensor,
+        sq_mean: torch.Tensor | None,
         deviations: torch.Tensor,
         *,
+        variance: torch.Tensor | None = None,
         diagonal: bool = True,
         scale: float = 0.5,
     ) -> None:
         super().__init__()
-        if mean.dim() != 1 or sq_mean.shape != mean.shape:
+        if (sq_mean is None) == (variance is None):
+            raise InputDataError(
+                expected_got(
+                    "SWAG(sq_mean, variance)",
+                    "exactly one of them",
+                    "both" if sq_mean is not None else "neither",
+                    "Pass variance=trajectory.variance (or use SWAG.from_trajectory).",
+                )
+            )
+        second, second_name = (sq_mean, "sq_mean") if variance is None else (variance, "variance")
+        if mean.dim() != 1 or second.shape != mean.shape:
             raise ShapeError(
                 expected_got(
-                    "SWAG(mean, sq_mean)",
+                    f"SWAG(mean, {second_name})",
                     "two vectors of equal length",
-                    (tuple(mean.shape), tuple(sq_mean.shape)),
+                    (tuple(mean.shape), tuple(second.shape)),
                 )
             )
         if deviations.dim() != 2 or deviations.shape[-1] != mean.shape[0]:
@@ -89,12 +108,24 @@ class SWAG(LowRankGaussianWeightPosterior):
                     "Collect more weights before building SWAG.",
                 )
             )
-        for name, t in (("mean", mean), ("sq_mean", sq_mean), ("deviations", deviations)):
+        for name, t in (("mean", mean), (second_name, second), ("deviations", deviations)):
             check_finite(t, f"SWAG({name})")
+        if variance is None:
+            var = (sq_mean.detach().double() - mean.detach().double() ** 2).to(mean.dtype)
+        else:
+            if bool((variance < 0).any()):
+                raise InputDataError(
+                    expected_got(
+                        "SWAG(variance)",
+                        "non-negative entries",
+                        f"minimum {float(variance.min()):.3g}",
+                    )
+                )
+            var = variance.detach().to(mean.dtype)
         self.diagonal = bool(diagonal)
         self.scale = self._scale(scale, "SWAG.scale")
         self.register_buffer("mean", mean.detach().clone())
-        self.register_buffer("variance", (sq_mean - mean**2).detach().clamp_min(0.0))
+        self.register_buffer("variance", var.clamp_min(0.0).clone())
         self.register_buffer("deviations", deviations.detach().clone())
 
     @classmethod
@@ -113,8 +144,9 @@ class SWAG(LowRankGaussianWeightPosterior):
             )
         return cls(
             trajectory.mean,
-            trajectory.sq_mean,
+            None,
             trajectory.deviations(),
+            variance=trajectory.variance,
             diagonal=diagonal,
             scale=scale,
         )
@@ -134,5 +166,5 @@ class SWAG(LowRankGaussianWeightPosterior):
         return self.deviations.mT / math.sqrt(self.rank - 1)
 
     def diagonal_variance(self) -> torch.Tensor | None:
-        r""":math:`\overline{w^2} - \bar w^2` with ``diagonal=True``, else ``None``. # shape: (D,)"""
+        r""":math:`\sigma^2 = \overline{w^2} - \bar w^2` with ``diagonal=True``, else ``None``. # shape: (D,)"""
         return self.variance if self.diagonal else None
