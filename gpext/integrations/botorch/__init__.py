@@ -15,6 +15,11 @@ from gpext.integrations.botorch._requirements import MissingExtraError, require_
 
 require_botorch()
 
+from gpext.integrations.botorch.ax_support import (  # noqa: E402
+    ax_fit_defaults,
+    fit_ax_surrogate,
+    register_ax_fit,
+)
 from gpext.integrations.botorch.conditioned_ensemble_surrogate import (  # noqa: E402
     ConditionedEnsembleSurrogate,
 )
@@ -60,6 +65,9 @@ __all__ = [
     "SampleEnsembleSurrogate",
     "VBootSurrogate",
     "WeightEnsembleSurrogate",
+    "ax_fit_defaults",
+    "fit_ax_surrogate",
     "fit_gpext_surrogate",
     "fit_weight_ensemble",
+    "register_ax_fit",
 ]

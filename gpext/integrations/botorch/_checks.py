@@ -9,8 +9,13 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_go
 __all__ = ["check_query", "model_dtype"]
 
 
-def model_dtype(module: torch.nn.Module) -> torch.dtype | None:
-    """The floating dtype of the first floating parameter or buffer of ``module`` (or ``None``)."""
+def model_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
+    """The floating dtype of the first floating parameter or buffer of ``module`` (or ``None``).
+
+    ``None`` (an adapter whose model is built at its first fit) has no dtype yet.
+    """
+    if module is None:
+        return None
     for t in list(module.parameters()) + list(module.buffers()):
         if t.is_floating_point():
             return t.dtype

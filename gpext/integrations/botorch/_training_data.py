@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 from botorch.models.model import Model
 
-from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.integrations.botorch._checks import check_query
 
-__all__ = ["TrainingDataMixin", "attach_training_data", "labels_from_targets"]
+__all__ = ["TrainingDataMixin", "attach_training_data", "labels_from_targets", "take_over_state"]
 
 
 def attach_training_data(
@@ -92,12 +95,50 @@ def labels_from_targets(train_Y: torch.Tensor, num_classes: int, what: str) -> t
     return y.round().long()
 
 
+# what an adapter keeps of its own when it takes over another adapter's fitted state
+_OWN_STATE = ("input_transform", "outcome_transform", "train_X", "train_Y")
+
+
+def take_over_state(
+    target: torch.nn.Module, source: torch.nn.Module, keep: tuple[str, ...]
+) -> None:
+    """Make ``target`` hold ``source``'s state, except the attributes named in ``keep``.
+
+    ``target``'s submodules, buffers and attributes are replaced by ``source``'s, whatever they
+    are, except the attributes in ``keep`` (those that are not ``None``), which it keeps.  Used where
+    an adapter's model is made by a function returning a new adapter (``fit_weight_ensemble``)
+    and when an adapter takes a fitted adapter's ``state_dict``.  ``source`` must not be used
+    afterwards (the values are shared, the registries copied).
+
+    Args:
+        target: The adapter to fill.
+        source: An adapter of the same class.
+        keep: Names of ``target``'s attributes to keep.
+    """
+    kept = {name: getattr(target, name) for name in keep if getattr(target, name, None) is not None}
+    state = vars(source).items()
+    target.__dict__.clear()  # e.g. a plain ``model = None`` would hide a submodule ``model``
+    target.__dict__.update({k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in state})
+    for name, value in kept.items():
+        setattr(target, name, value)
+
+
 class TrainingDataMixin:
     """Constructor shared by the adapter base classes: optional training data and transforms.
 
     Put it before the BoTorch base class (``class A(TrainingDataMixin, Model)``); it stores
     ``train_X``/``train_Y`` with :func:`attach_training_data` and leaves the transformation of the
     training inputs to :func:`~gpext.integrations.botorch.fit_gpext_surrogate`.
+
+    State dicts: a gpext adapter's posterior is its wrapped model (network weights, inducing
+    points, ensemble members), not a few hyperparameters over training data as for BoTorch's
+    GPs, and an adapter built from data (``construct_inputs``) may have no model or one of
+    another size before it is fitted.  So ``state_dict()`` also holds a reference to the adapter
+    (the ``_extra_state`` entry), and ``load_state_dict`` of such a state first makes this
+    adapter a copy of that one (its wrapped model, members and settings), keeping its own
+    training data and transform objects, then loads the tensors as usual.  This is what Ax's
+    cross-validation does (it builds an adapter on each fold and loads the fitted model's state
+    without refitting): the fold predictions are those of the fitted model.
     """
 
     _input_dim: int | None = None
@@ -120,6 +161,42 @@ class TrainingDataMixin:
             input_dim=self._input_dim,
             what=type(self).__name__,
         )
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The ``_extra_state`` entry of ``state_dict()``: a reference to this adapter."""
+        return {"gpext_adapter": self}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Become a copy of the adapter in ``state`` (see the class), keeping own data.
+
+        Args:
+            state: The ``_extra_state`` entry of a gpext adapter's ``state_dict()``, or ``None``.
+
+        Raises:
+            InputTypeError: If the entry holds an adapter of another class.
+        """
+        source = state.get("gpext_adapter") if isinstance(state, dict) else None
+        if source is None or source is self:
+            return
+        if type(source) is not type(self):
+            raise InputTypeError(
+                expected_got(
+                    f"{type(self).__name__}.load_state_dict",
+                    f"the state_dict of a {type(self).__name__}",
+                    f"that of a {type(source).__name__}",
+                )
+            )
+        from gpext.integrations.botorch.sample_ensemble_surrogate import _deepcopy_detached
+
+        take_over_state(self, _deepcopy_detached(source), _OWN_STATE)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # take the other adapter's structure before its tensors are copied in
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            self.set_extra_state(state_dict[key])
+            state_dict = {**state_dict, key: None}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # the adapters transform their training inputs explicitly (fit_gpext_surrogate)
     def _set_transformed_inputs(self) -> None:

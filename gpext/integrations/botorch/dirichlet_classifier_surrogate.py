@@ -7,10 +7,12 @@ from typing import Any
 
 import gpytorch
 import torch
+from botorch.utils.datasets import SupervisedDataset
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 
 from gpext.errors import InputTypeError, NotFittedError, expected_got
+from gpext.integrations.botorch._construct_inputs import dataset_tensors
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.models import DirichletGPClassifier
@@ -66,7 +68,6 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
     def __init__(
         self,
         model: DirichletGPClassifier,
-        *,
         train_X: torch.Tensor | None = None,
         train_Y: torch.Tensor | None = None,
         input_transform: torch.nn.Module | None = None,
@@ -82,6 +83,42 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
         super().__init__(train_X=train_X, train_Y=train_Y, input_transform=input_transform)
         self.model = model
         self._num_outputs = model.num_classes
+
+    @classmethod
+    def construct_inputs(
+        cls,
+        training_data: SupervisedDataset,
+        *,
+        num_classes: int | None = None,
+        **classifier_kwargs: Any,
+    ) -> dict[str, Any]:
+        """Constructor arguments for an unfitted classifier on a dataset of class labels.
+
+        BoTorch's ``Model.construct_inputs`` contract; Ax's registered fit
+        (:func:`~gpext.integrations.botorch.ax_support.fit_ax_surrogate`) covers this adapter
+        too, but it is no surrogate of an Ax metric: its posterior has one latent function per
+        class, not one value per outcome, so it is meant as the feasibility model of
+        :class:`~gpext.integrations.botorch.FeasibilityWeightedAcquisition`.
+
+        Args:
+            training_data: A ``SupervisedDataset`` whose ``Y`` holds labels. # shape: (n, 1)
+            num_classes: ``C`` (default: the largest label plus one, at least 2).
+            **classifier_kwargs: Further arguments of ``DirichletGPClassifier``.
+
+        Returns:
+            ``{"model", "train_X", "train_Y"}``.
+
+        Raises:
+            InputTypeError: If ``training_data`` is not a ``SupervisedDataset``.
+            ShapeError: If ``Y`` is not ``(n, 1)``.
+            InputDataError: If the labels are not whole numbers in ``[0, C)``.
+        """
+        X, Y = dataset_tensors(training_data, "DirichletClassifierSurrogate.construct_inputs")
+        if num_classes is None:
+            num_classes = max(2, int(Y.max().item()) + 1) if bool(torch.isfinite(Y).all()) else 2
+        labels_from_targets(Y, num_classes, "DirichletClassifierSurrogate.construct_inputs")
+        model = DirichletGPClassifier(num_classes, **classifier_kwargs)
+        return {"model": model, "train_X": X, "train_Y": Y}
 
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         labels = labels_from_targets(Y, self.model.num_classes, "DirichletClassifierSurrogate")

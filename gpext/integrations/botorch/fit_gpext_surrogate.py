@@ -27,9 +27,14 @@ def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
     * :class:`IGNSurrogate` -> ``InducingGPNetwork.fit(X, y, **fit_kwargs)`` (``epochs``, ...);
     * :class:`DirichletClassifierSurrogate` -> ``DirichletGPClassifier.fit`` (``max_iter``, ...);
     * :class:`GWISurrogate` -> ``GWIModel.fit(likelihood, X, y, **fit_kwargs)`` (``epochs`` ...);
-    * :class:`VBootSurrogate` -> ``VBootRFF.fit`` / ``VBootMLP.fit``.
+      built without a model, it is first built by ``GWIRegressionModel.from_data(X, y,
+      **from_data)`` from the keyword ``from_data`` (a dict);
+    * :class:`VBootSurrogate` -> ``VBootRFF.fit`` / ``VBootMLP.fit``;
+    * :class:`WeightEnsembleSurrogate` built from training data (``module=None``, as its
+      ``construct_inputs`` does) -> :func:`~gpext.integrations.botorch.fit_weight_ensemble`
+      (``method``, ``epochs``, ...), whose ensemble the adapter takes over.
 
-    Weight ensembles (SWAG, subspace) are trained by
+    Weight ensembles built from their members are trained beforehand by
     :func:`~gpext.integrations.botorch.fit_weight_ensemble`.
 
     Args:

@@ -7,10 +7,12 @@ from typing import Any
 
 import gpytorch
 import torch
+from botorch.utils.datasets import SupervisedDataset
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 
-from gpext.errors import InputTypeError, NotFittedError, expected_got
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.integrations.botorch._construct_inputs import dataset_tensors, reject_options
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.models import GWIClassificationModel, GWIModel, GWIRegressionModel
@@ -35,8 +37,12 @@ class GWISurrogate(LatentGPSurrogate):
 
     Args:
         model: A fitted :class:`~gpext.models.GWIRegressionModel` or
-            :class:`~gpext.models.GWIClassificationModel`.
-        likelihood: Its likelihood (Gaussian, or :class:`~gpext.likelihoods.RobustMaxLikelihood`).
+            :class:`~gpext.models.GWIClassificationModel`; or ``None``: a regression model
+            is built by ``GWIRegressionModel.from_data`` on the (transformed) training data at
+            the first ``fit_gpext_surrogate`` (its ``from_data={...}`` keyword holds the
+            build options), as :meth:`construct_inputs` (Ax) does.
+        likelihood: Its likelihood (Gaussian, or :class:`~gpext.likelihoods.RobustMaxLikelihood`);
+            ``None`` with ``model=None``.
         train_X: Training inputs for ``fit_gpext_surrogate`` (which calls ``model.fit``).
         train_Y: Targets ``(n, 1)`` (class labels for classification).
         input_transform: BoTorch ``InputTransform``.
@@ -44,6 +50,9 @@ class GWISurrogate(LatentGPSurrogate):
 
     Raises:
         InputTypeError: If ``model`` is not a GWI model.
+        InputDataError: If ``model`` is ``None`` but the training data are missing or a
+            likelihood is given.
+        ShapeError: If ``model`` is ``None`` and ``train_Y`` is not ``(n, 1)``.
 
     Example:
         >>> import torch
@@ -54,19 +63,52 @@ class GWISurrogate(LatentGPSurrogate):
         >>> Y = (6 * X).sin().sum(-1, keepdim=True)
         >>> gwi, lik = GWIRegressionModel.from_data(X, Y.squeeze(-1))
         >>> model = fit_gpext_surrogate(GWISurrogate(gwi, lik, train_X=X, train_Y=Y), epochs=50)
+        >>> # or built at the fit, from the standardised targets:
+        >>> model = GWISurrogate(train_X=X, train_Y=Y, outcome_transform=Standardize(1))
+        >>> model = fit_gpext_surrogate(model, epochs=20, from_data={"prior_steps": 10})
+        >>> type(model.model).__name__
+        'GWIRegressionModel'
     """
 
     def __init__(
         self,
-        model: GWIModel,
-        likelihood: gpytorch.likelihoods.Likelihood,
-        *,
+        model: GWIModel | None = None,
+        likelihood: gpytorch.likelihoods.Likelihood | None = None,
         train_X: torch.Tensor | None = None,
         train_Y: torch.Tensor | None = None,
         input_transform: torch.nn.Module | None = None,
         outcome_transform: torch.nn.Module | None = None,
     ) -> None:
-        if not isinstance(model, (GWIRegressionModel, GWIClassificationModel)):
+        if model is None:
+            # built at the first fit, on the transformed training data
+            if likelihood is not None or train_X is None or train_Y is None:
+                raise InputDataError(
+                    expected_got(
+                        "GWISurrogate(model=None)",
+                        "train_X and train_Y and no likelihood (the regression model and its "
+                        "likelihood are built from the data at the first fit)",
+                        f"likelihood={type(likelihood).__name__}, train_X "
+                        f"{'given' if train_X is not None else 'None'}, train_Y "
+                        f"{'given' if train_Y is not None else 'None'}",
+                    )
+                )
+            if (
+                not isinstance(train_Y, torch.Tensor)
+                or train_Y.dim() != 2
+                or train_Y.shape[-1] != 1
+            ):
+                raise ShapeError(
+                    expected_got(
+                        "GWISurrogate(model=None) train_Y",
+                        "one target, a tensor of shape (n, 1)",
+                        tuple(getattr(train_Y, "shape", ())) or type(train_Y).__name__,
+                    )
+                )
+            ok = isinstance(train_X, torch.Tensor) and train_X.dim() == 2
+            self._input_dim = (
+                int(train_X.shape[-1]) if ok else None
+            )  # else attach_training_data raises
+        elif not isinstance(model, (GWIRegressionModel, GWIClassificationModel)):
             raise InputTypeError(
                 expected_got(
                     "GWISurrogate.model",
@@ -74,7 +116,8 @@ class GWISurrogate(LatentGPSurrogate):
                     type(model).__name__,
                 )
             )
-        self._input_dim = int(model.variational_strategy.inducing_points.shape[-1])
+        else:
+            self._input_dim = int(model.variational_strategy.inducing_points.shape[-1])
         super().__init__(
             train_X=train_X,
             train_Y=train_Y,
@@ -86,7 +129,49 @@ class GWISurrogate(LatentGPSurrogate):
         self._classifier = isinstance(model, GWIClassificationModel)
         self._num_outputs = int(model.num_latents) if self._classifier else 1
 
+    @classmethod
+    def construct_inputs(cls, training_data: SupervisedDataset, **options: Any) -> dict[str, Any]:
+        r"""Constructor arguments for a GWI regression model built from data (used by Ax).
+
+        The model is data dependent (its prior is an exact-GP fit, its inducing points a
+        subset of the inputs), so it is built at the first fit, after the input and outcome
+        transforms: ``GWISurrogate(train_X=X, train_Y=Y)`` holds no model until
+        :func:`~gpext.integrations.botorch.fit_gpext_surrogate` builds it with
+        :meth:`GWIRegressionModel.from_data` (arguments under its ``from_data`` keyword) and
+        fits it.  Through Ax, pass those options in ``ModelConfig.mll_options``, e.g.
+        ``{"epochs": 200, "from_data": {"num_inducing": 8}}``.
+
+        Args:
+            training_data: A ``SupervisedDataset`` with one outcome.
+            **options: None accepted (see above).
+
+        Returns:
+            ``{"train_X", "train_Y"}``.
+
+        Raises:
+            InputTypeError: If ``training_data`` is not a ``SupervisedDataset``.
+            ShapeError: If the dataset has more than one outcome.
+            InputDataError: If options are given.
+        """
+        X, Y = dataset_tensors(training_data, "GWISurrogate.construct_inputs")
+        reject_options(
+            options,
+            "GWISurrogate.construct_inputs",
+            "The model is built and fitted at fit time: pass GWIRegressionModel.from_data "
+            "arguments as from_data={...} and GWIModel.fit arguments to the fit (Ax: "
+            "ModelConfig.mll_options).",
+        )
+        return {"train_X": X, "train_Y": Y}
+
+    def _check_built(self) -> None:
+        if self.model is None:
+            raise NotFittedError(
+                "GWISurrogate: no model yet (built without one); fit it with "
+                "fit_gpext_surrogate, which builds it from the training data."
+            )
+
     def _q(self, X: torch.Tensor) -> MultivariateNormal:
+        self._check_built()
         self.model._check_fitted()
         self.model.eval()
         if not self._classifier:
@@ -143,11 +228,30 @@ class GWISurrogate(LatentGPSurrogate):
         )
 
     def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
+        self._check_built()
         if self._classifier:
             return None
         return (self.model.temperature * self.likelihood.noise).to(X).reshape(1, 1)
 
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
+        from_data = kwargs.pop("from_data", None)
+        if self.model is None:
+            if from_data is not None and not isinstance(from_data, dict):
+                raise InputTypeError(
+                    expected_got("GWISurrogate fit(from_data)", "a dict", type(from_data))
+                )
+            opts = {"generator": kwargs.get("generator"), **(from_data or {})}
+            model, likelihood = GWIRegressionModel.from_data(X, Y.squeeze(-1), **opts)
+            self.model, self.likelihood = model.to(X), likelihood.to(X)
+        elif from_data is not None:
+            raise InputDataError(
+                expected_got(
+                    "GWISurrogate fit(from_data)",
+                    "None for an adapter built with a model",
+                    "options",
+                    "from_data builds the model of an adapter built without one.",
+                )
+            )
         if self._classifier:
             y = labels_from_targets(Y, self._num_outputs, "GWISurrogate")
         else:

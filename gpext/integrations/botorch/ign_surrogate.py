@@ -2,16 +2,21 @@ r"""BoTorch adapter of :class:`gpext.models.InducingGPNetwork`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from botorch.utils.datasets import SupervisedDataset
 from gpytorch.distributions import MultivariateNormal
 from linear_operator import to_linear_operator
 
 from gpext.errors import InputTypeError, expected_got
+from gpext.integrations.botorch._construct_inputs import dataset_tensors
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.models import InducingGPNetwork
+from gpext.nn import MLP, InputAugmentedEmbedding
+from gpext.utils import check_positive_int
 
 __all__ = ["IGNSurrogate"]
 
@@ -60,7 +65,6 @@ class IGNSurrogate(LatentGPSurrogate):
     def __init__(
         self,
         model: InducingGPNetwork,
-        *,
         train_X: torch.Tensor | None = None,
         train_Y: torch.Tensor | None = None,
         input_transform: torch.nn.Module | None = None,
@@ -80,6 +84,66 @@ class IGNSurrogate(LatentGPSurrogate):
         self.model = model
         self._multi = model.task in ("one_vs_all", "dirichlet")
         self._num_outputs = model.num_classes if self._multi else 1
+
+    @classmethod
+    def construct_inputs(
+        cls,
+        training_data: SupervisedDataset,
+        *,
+        hidden_features: Sequence[int] = (32, 32),
+        feature_dim: int = 8,
+        num_inducing: int = 16,
+        input_augmented: bool = True,
+        embedding: torch.nn.Module | None = None,
+        **ign_kwargs: Any,
+    ) -> dict[str, Any]:
+        r"""Constructor arguments for a regression network on a BoTorch dataset (used by Ax).
+
+        Builds an unfitted regression :class:`~gpext.models.InducingGPNetwork` in the data's
+        dtype and device: the embedding is
+        :class:`~gpext.nn.InputAugmentedEmbedding` ``(MLP(d, hidden_features, feature_dim))``
+        (features :math:`[g(x), x]`, so the predictive variance grows away from the data) or
+        the bare MLP (``input_augmented=False``), with ``min(num_inducing, n)`` inducing
+        points (the sizes of ``benchmarks/bo.py``).  Ax passes ``ModelConfig.model_options``
+        here and fits with :func:`~gpext.integrations.botorch.ax_support.fit_ax_surrogate`.
+
+        Args:
+            training_data: A ``SupervisedDataset`` with one outcome.
+            hidden_features: Hidden widths of the MLP.
+            feature_dim: Output width of the MLP.
+            num_inducing: Inducing points (at most ``n``).
+            input_augmented: Whether the inputs are appended to the features.
+            embedding: A feature network to use instead (``(n, d)`` to ``(n, k)``).
+            **ign_kwargs: Further arguments of ``InducingGPNetwork`` (``covar_module``,
+                ``jitter``, ...).
+
+        Returns:
+            ``{"model", "train_X", "train_Y"}``.
+
+        Raises:
+            InputTypeError: If ``training_data`` is not a ``SupervisedDataset``.
+            ShapeError: If the dataset has more than one outcome.
+
+        Example:
+            >>> import torch
+            >>> from botorch.utils.datasets import SupervisedDataset
+            >>> from gpext.integrations.botorch import IGNSurrogate, fit_gpext_surrogate
+            >>> X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+            >>> data = SupervisedDataset(X, (6 * X).sin().sum(-1, keepdim=True),
+            ...                          feature_names=["x1", "x2"], outcome_names=["y"])
+            >>> model = IGNSurrogate(**IGNSurrogate.construct_inputs(data, num_inducing=8))
+            >>> model = fit_gpext_surrogate(model, epochs=20, batch_size=16, lr=1e-2)
+            >>> model.posterior(X[:3].unsqueeze(-2)).mean.shape
+            torch.Size([3, 1, 1])
+        """
+        X, Y = dataset_tensors(training_data, "IGNSurrogate.construct_inputs")
+        n, d = X.shape
+        if embedding is None:
+            net = MLP(d, tuple(hidden_features), feature_dim)
+            embedding = InputAugmentedEmbedding(net, in_features=d) if input_augmented else net
+        m = min(check_positive_int(num_inducing, "IGNSurrogate.construct_inputs(num_inducing)"), n)
+        model = InducingGPNetwork(embedding, num_inducing=m, **ign_kwargs).to(X)
+        return {"model": model, "train_X": X, "train_Y": Y}
 
     def _latent(self, X: torch.Tensor) -> MultivariateNormal:
         self.model.eval()

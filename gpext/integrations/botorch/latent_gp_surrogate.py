@@ -70,6 +70,8 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
 
     # outputs of the wrapped model this adapter exposes (set by ``subset_output``; None: all)
     _output_subset: list[int] | None = None
+    # Ax: several outcomes are modelled by a ModelList of adapters, never one batched adapter
+    _supports_batched_models = False
 
     @property
     def num_outputs(self) -> int:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from botorch.utils.datasets import SupervisedDataset
 
 from gpext.bootstrap import VBootMLP, VBootRFF
-from gpext.errors import InputTypeError, NotFittedError, expected_got
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, expected_got
+from gpext.integrations.botorch._construct_inputs import dataset_tensors
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
 
@@ -55,7 +57,6 @@ class VBootSurrogate(SampleEnsembleSurrogate):
     def __init__(
         self,
         model: VBootRFF | VBootMLP,
-        *,
         input_dim: int | None = None,
         train_X: torch.Tensor | None = None,
         train_Y: torch.Tensor | None = None,
@@ -81,6 +82,45 @@ class VBootSurrogate(SampleEnsembleSurrogate):
             self._num_outputs = model.num_classes
         else:
             self._num_outputs = 1 if train_Y is None else int(train_Y.shape[-1])
+
+    @classmethod
+    def construct_inputs(
+        cls, training_data: SupervisedDataset, *, ensemble: str = "rff", **vboot_kwargs: Any
+    ) -> dict[str, Any]:
+        """Constructor arguments for an unfitted regression ensemble on a dataset (used by Ax).
+
+        Ax passes ``ModelConfig.model_options`` here and fits with
+        :func:`~gpext.integrations.botorch.ax_support.fit_ax_surrogate` (``mll_options``: the
+        ensemble's ``fit`` arguments).
+
+        Args:
+            training_data: A ``SupervisedDataset`` (one or more outcomes).
+            ensemble: ``"rff"``: ``VBootRFF(num_features=512, num_particles=32)`` (the sizes of
+                ``benchmarks/bo.py``; kernel hyperparameters are fitted with the ensemble), or
+                ``"mlp"``: ``VBootMLP()`` in the data's dtype.
+            **vboot_kwargs: Arguments of ``VBootRFF`` / ``VBootMLP``, overriding those.
+
+        Returns:
+            ``{"model", "train_X", "train_Y"}``.
+
+        Raises:
+            InputTypeError: If ``training_data`` is not a ``SupervisedDataset``.
+            InputDataError: If ``ensemble`` is neither ``"rff"`` nor ``"mlp"``.
+        """
+        X, Y = dataset_tensors(
+            training_data, "VBootSurrogate.construct_inputs", single_output=False
+        )
+        if ensemble == "rff":
+            model = VBootRFF(**{"num_features": 512, "num_particles": 32, **vboot_kwargs})
+        elif ensemble == "mlp":
+            model = VBootMLP(**{"dtype": X.dtype, **vboot_kwargs})
+        else:
+            raise InputDataError(
+                expected_got(
+                    "VBootSurrogate.construct_inputs(ensemble)", "'rff' or 'mlp'", ensemble
+                )
+            )
+        return {"model": model, "train_X": X, "train_Y": Y}
 
     def _members(self, X: torch.Tensor) -> torch.Tensor:
         if not self.model.is_fitted:

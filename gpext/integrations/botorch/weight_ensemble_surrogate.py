@@ -3,11 +3,15 @@ r"""BoTorch adapter of sampled network weights: SWAG, MultiSWAG and subspace (ES
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+from botorch.utils.datasets import SupervisedDataset
 from torch import nn
 
-from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.integrations.botorch._construct_inputs import dataset_tensors, reject_options
+from gpext.integrations.botorch._training_data import take_over_state
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
 from gpext.subspace import (
     SWAG,
@@ -51,13 +55,19 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
     variance.
 
     Args:
-        module: The network (in eval mode; batch-norm statistics are the module's own).
-        weights: Sampled flat weights. # shape: (S, D)
+        module: The network (in eval mode; batch-norm statistics are the module's own), or
+            ``None`` together with ``weights`` for an ensemble trained from ``train_X``.
+        weights: Sampled flat weights (or ``None``, see ``module``). # shape: (S, D)
         likelihood: How to read the output (default ``OutputLikelihood("gaussian")``).
         input_dim: ``d`` of the queries (default ``module.in_features`` when it exists).
         input_transform: BoTorch ``InputTransform`` used when the network was trained.
         outcome_transform: BoTorch ``OutcomeTransform`` (regression), already fitted to the
             training targets; members are untransformed.
+        train_X: With ``module=None`` and ``weights=None`` only: training inputs; the
+            ensemble is then trained by :func:`~gpext.integrations.botorch.fit_weight_ensemble`
+            at :func:`~gpext.integrations.botorch.fit_gpext_surrogate` (on the transformed
+            data; :meth:`construct_inputs`, Ax's route, builds it this way). # shape: (n, d)
+        train_Y: Its targets (the outcome transform is fitted to them). # shape: (n, 1)
 
     Raises:
         InputTypeError: If ``module`` is not a ``torch.nn.Module``.
@@ -85,16 +95,36 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
     # factor on the members' predicted noise variances (see ``variance_scale``)
     _variance_scale: float = 1.0
 
+    # one outcome per model: Ax fits a ModelList of adapters for several outcomes
+    _supports_batched_models = False
+    # built by construct_inputs / from training data: the fit trains the ensemble
+    _built_from_data = False
+
     def __init__(
         self,
-        module: nn.Module,
-        weights: torch.Tensor,
+        module: nn.Module | None = None,
+        weights: torch.Tensor | None = None,
         likelihood: OutputLikelihood | None = None,
-        *,
         input_dim: int | None = None,
         input_transform: nn.Module | None = None,
         outcome_transform: nn.Module | None = None,
+        train_X: torch.Tensor | None = None,
+        train_Y: torch.Tensor | None = None,
     ) -> None:
+        if module is None and weights is None:
+            self._init_from_data(
+                train_X, train_Y, likelihood, input_dim, input_transform, outcome_transform
+            )
+            return
+        if train_X is not None or train_Y is not None:
+            raise InputDataError(
+                expected_got(
+                    "WeightEnsembleSurrogate(train_X, train_Y)",
+                    "None with a module and weights (train_X and train_Y are for an ensemble "
+                    "trained at fit time: module=None, weights=None)",
+                    "training data",
+                )
+            )
         if not isinstance(module, nn.Module):
             raise InputTypeError(
                 expected_got("WeightEnsembleSurrogate.module", "a torch.nn.Module", type(module))
@@ -147,6 +177,94 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
                         "WeightEnsembleSurrogate: could not infer the number of classes of a "
                         "categorical network; give the module an `in_features` attribute."
                     ) from err
+
+    def _init_from_data(
+        self,
+        train_X: torch.Tensor | None,
+        train_Y: torch.Tensor | None,
+        likelihood: OutputLikelihood | None,
+        input_dim: int | None,
+        input_transform: nn.Module | None,
+        outcome_transform: nn.Module | None,
+    ) -> None:
+        # no members yet: fit_gpext_surrogate trains them with fit_weight_ensemble
+        if train_X is None or train_Y is None or likelihood is not None:
+            raise InputDataError(
+                expected_got(
+                    "WeightEnsembleSurrogate(module=None, weights=None)",
+                    "train_X and train_Y and no likelihood (the ensemble is trained by "
+                    "fit_weight_ensemble at the first fit)",
+                    "missing training data or a likelihood",
+                    "Or pass a module and sampled weights.",
+                )
+            )
+        if not isinstance(train_Y, torch.Tensor) or train_Y.dim() != 2 or train_Y.shape[-1] != 1:
+            raise ShapeError(
+                expected_got(
+                    "WeightEnsembleSurrogate train_Y",
+                    "a tensor of shape (n, 1)",
+                    tuple(getattr(train_Y, "shape", ())) or type(train_Y).__name__,
+                )
+            )
+        if input_dim is None and isinstance(train_X, torch.Tensor) and train_X.dim() == 2:
+            input_dim = int(train_X.shape[-1])  # else attach_training_data raises
+        self._input_dim = input_dim
+        super().__init__(
+            train_X=train_X,
+            train_Y=train_Y,
+            input_transform=input_transform,
+            outcome_transform=outcome_transform,
+        )
+        self.model, self.flat, self.likelihood = None, None, None
+        self.register_buffer("sample_weights", None)
+        self._num_outputs = 1
+        self._built_from_data = True
+
+    @classmethod
+    def construct_inputs(cls, training_data: SupervisedDataset, **options: Any) -> dict[str, Any]:
+        """Constructor arguments for an ensemble trained from a dataset at fit time (used by Ax).
+
+        ``WeightEnsembleSurrogate(train_X=X, train_Y=Y)`` has no members until
+        :func:`~gpext.integrations.botorch.fit_gpext_surrogate` runs
+        :func:`~gpext.integrations.botorch.fit_weight_ensemble` on the transformed training
+        data (its keyword arguments, e.g. ``method="pca_ess"``, are the fit's; through Ax,
+        ``ModelConfig.mll_options``).
+
+        Args:
+            training_data: A ``SupervisedDataset`` with one outcome.
+            **options: None accepted (see above).
+
+        Returns:
+            ``{"train_X", "train_Y"}``.
+
+        Raises:
+            InputTypeError: If ``training_data`` is not a ``SupervisedDataset``.
+            ShapeError: If the dataset has more than one outcome.
+            InputDataError: If options are given.
+        """
+        X, Y = dataset_tensors(training_data, "WeightEnsembleSurrogate.construct_inputs")
+        reject_options(
+            options,
+            "WeightEnsembleSurrogate.construct_inputs",
+            "The ensemble is trained at fit time: pass fit_weight_ensemble's arguments to the "
+            "fit (Ax: ModelConfig.mll_options).",
+        )
+        return {"train_X": X, "train_Y": Y}
+
+    def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
+        if not self._built_from_data:  # members given by the user: not refitted
+            super()._fit_wrapped(X, Y, **kwargs)
+        from gpext.integrations.botorch.fit_weight_ensemble import fit_weight_ensemble
+
+        bad = sorted({"input_transform", "outcome_transform"} & set(kwargs))
+        reject_options(
+            dict.fromkeys(bad),
+            "WeightEnsembleSurrogate fit",
+            "The adapter's own transforms are applied; give them to the constructor.",
+        )
+        fitted = fit_weight_ensemble(X, Y, **kwargs)  # on the transformed data
+        own = ("input_transform", "outcome_transform", "train_X", "train_Y", "_built_from_data")
+        take_over_state(self, fitted, own)
 
     @classmethod
     def from_posterior(
@@ -350,6 +468,11 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         return int(self.sample_weights.shape[0])
 
     def _outputs(self, X: torch.Tensor) -> torch.Tensor:
+        if self.sample_weights is None:
+            raise NotFittedError(
+                "WeightEnsembleSurrogate: built from training data, no members yet; fit it "
+                "with fit_gpext_surrogate first."
+            )
         self.model.eval()
         return torch.func.vmap(lambda w: self.flat.functional_call(w, X))(self.sample_weights)
 
