@@ -156,6 +156,42 @@ def transform_outcomes(model: Model, Y: torch.Tensor, Xt: torch.Tensor) -> torch
     return octf(Y, X=Xt)[0]
 
 
+def prepare_conditioning(
+    base: Model,
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    noise: torch.Tensor | None,
+    *,
+    base_class: type,
+    conditioned_class: type,
+    what: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The checks and transforms every conditioned adapter starts with.
+
+    Checks that ``base`` is a ``base_class`` and, when it is already conditioned, that it
+    exposes all its outputs; validates ``(X, Y, noise)`` (:func:`check_observations`); puts
+    ``base`` in eval mode; and returns ``(X, Y, noise, Xt, Yt)`` with the inputs through the
+    base's input transform and the targets through its outcome transform.
+
+    Raises:
+        InputTypeError: If ``base`` is not a ``base_class``.
+        InputDataError: If ``base`` was restricted by ``subset_output``.
+    """
+    if not isinstance(base, base_class):
+        raise InputTypeError(
+            expected_got(f"{what}.base", f"a {base_class.__name__}", type(base).__name__)
+        )
+    if isinstance(base, conditioned_class) and base._output_subset is not None:
+        raise InputDataError(
+            f"{what}: expected a conditioned model exposing all its outputs, got one "
+            "restricted by subset_output. Condition the full model, then subset it."
+        )
+    X, Y, noise = check_observations(base, X, Y, noise, model_dtype(base.model), what)
+    base.eval()
+    Xt = base.transform_inputs(X)
+    return X, Y, noise, Xt, transform_outcomes(base, Y, Xt)
+
+
 def run_fantasize(
     model: Model,
     X: object,

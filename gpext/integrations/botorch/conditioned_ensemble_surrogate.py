@@ -6,12 +6,10 @@ import math
 
 import torch
 
-from gpext.errors import InputDataError, InputTypeError, expected_got
-from gpext.integrations.botorch._checks import model_dtype
+from gpext.errors import InputDataError, expected_got
 from gpext.integrations.botorch._fantasize import (
-    check_observations,
     noise_floor,
-    transform_outcomes,
+    prepare_conditioning,
 )
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
 from gpext.utils import safe_cholesky
@@ -147,19 +145,15 @@ class ConditionedEnsembleSurrogate(SampleEnsembleSurrogate):
         noise: torch.Tensor | None = None,
     ) -> None:
         what = "ConditionedEnsembleSurrogate"
-        if not isinstance(base, SampleEnsembleSurrogate):
-            raise InputTypeError(
-                expected_got(f"{what}.base", "a SampleEnsembleSurrogate", type(base).__name__)
-            )
-        if isinstance(base, ConditionedEnsembleSurrogate) and base._output_subset is not None:
-            raise InputDataError(
-                f"{what}: expected a conditioned model exposing all its outputs, got one "
-                "restricted by subset_output. Condition the full model, then subset it."
-            )
-        X, Y, noise = check_observations(base, X, Y, noise, model_dtype(base.model), what)
-        base.eval()
-        Xt = base.transform_inputs(X)
-        Yt = transform_outcomes(base, Y, Xt)
+        X, Y, noise, Xt, Yt = prepare_conditioning(
+            base,
+            X,
+            Y,
+            noise,
+            base_class=SampleEnsembleSurrogate,
+            conditioned_class=ConditionedEnsembleSurrogate,
+            what=what,
+        )
         if Xt.shape[-2] == 0:  # nothing to condition on: the identity mix (S from one point)
             num = base.forward(Xt.new_zeros(1, Xt.shape[-1])).shape[-3]
             batch = torch.broadcast_shapes(Xt.shape[:-2], Yt.shape[:-2], base.batch_shape)

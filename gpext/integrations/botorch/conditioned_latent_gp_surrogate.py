@@ -6,12 +6,10 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator
 
-from gpext.errors import InputDataError, InputTypeError, expected_got
-from gpext.integrations.botorch._checks import model_dtype
+from gpext.errors import InputDataError
 from gpext.integrations.botorch._fantasize import (
-    check_observations,
     noise_floor,
-    transform_outcomes,
+    prepare_conditioning,
 )
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.utils import safe_cholesky
@@ -94,19 +92,15 @@ class ConditionedLatentGPSurrogate(LatentGPSurrogate):
         noise: torch.Tensor | None = None,
     ) -> None:
         what = "ConditionedLatentGPSurrogate"
-        if not isinstance(base, LatentGPSurrogate):
-            raise InputTypeError(
-                expected_got(f"{what}.base", "a LatentGPSurrogate", type(base).__name__)
-            )
-        if isinstance(base, ConditionedLatentGPSurrogate) and base._output_subset is not None:
-            raise InputDataError(
-                f"{what}: expected a conditioned model exposing all its outputs, got one "
-                "restricted by subset_output. Condition the full model, then subset it."
-            )
-        X, Y, noise = check_observations(base, X, Y, noise, model_dtype(base.model), what)
-        base.eval()
-        Xt = base.transform_inputs(X)
-        Yt = transform_outcomes(base, Y, Xt)
+        X, Y, noise, Xt, Yt = prepare_conditioning(
+            base,
+            X,
+            Y,
+            noise,
+            base_class=LatentGPSurrogate,
+            conditioned_class=ConditionedLatentGPSurrogate,
+            what=what,
+        )
         batch = torch.broadcast_shapes(Xt.shape[:-2], Yt.shape[:-2], base.batch_shape)
         if noise is None:
             default = base._exposed_noise_variance(Xt)  # shape: (*b, m or 1, n) or None
