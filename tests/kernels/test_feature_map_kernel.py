@@ -50,9 +50,7 @@ def test_equals_hand_written_composition(dtype):
     ref = kernel.base_kernel(net(x1), net(x2)).to_dense()
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(kernel(x1, x2).to_dense(), ref, **tol)
-    torch.testing.assert_close(
-        kernel(x1, diag=True), kernel.base_kernel(net(x1), diag=True), **tol
-    )
+    torch.testing.assert_close(kernel(x1, diag=True), kernel.base_kernel(net(x1), diag=True), **tol)
     assert kernel.base_kernel.base_kernel.lengthscale.shape == (1, 4)  # ARD over features
 
 

@@ -35,7 +35,9 @@ class TestSWAG:
     def test_low_rank_only_and_scale(self):
         swag = SWAG.from_trajectory(_trajectory(), diagonal=False)
         dev = swag.deviations
-        torch.testing.assert_close(swag.covariance(scale=1.0).to_dense(), dev.T @ dev / (swag.rank - 1))
+        torch.testing.assert_close(
+            swag.covariance(scale=1.0).to_dense(), dev.T @ dev / (swag.rank - 1)
+        )
         s = swag.sample(3, scale=0.0)
         torch.testing.assert_close(s, swag.mean.expand(3, -1))
 
