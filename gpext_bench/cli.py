@@ -4,6 +4,12 @@
 fits the registered methods on the chosen datasets, prints a results table, and writes
 ``<out>/gpext_bench.json``, ``<out>/gpext_bench.md`` and (with matplotlib) ``<out>/gpext_bench.png``.
 ``gpext datasets`` lists the datasets found; ``gpext bench --list`` the registered methods.
+
+Exit codes: 0 when every fit succeeded; 1 when at least one (dataset, method, split) fit raised
+(its row is kept in the results with a ``failure`` field and the run went on); 2 for bad
+arguments (unknown dataset or method, ``--splits`` below 1, a method of the other task, an
+unavailable ``--device``), reported as one ``gpext: error:`` line.  When standard error is not a
+terminal, one progress line per finished fit is written to it.
 """
 
 from __future__ import annotations
@@ -38,8 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods", nargs="+", default=None, metavar="NAME",
         help="method names, or 'all' (default: the methods marked default in --list)",
     )  # fmt: skip
-    bench.add_argument("--splits", type=int, default=None, help="number of splits per dataset")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--splits", type=int, default=None,
+        help="number of splits per dataset (>= 1; default 1 with --quick, else up to 5)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--seed", type=int, default=0,
+        help="base seed (>= 0); split s of seed k uses random_state k*10007+s, so seeds never "
+        "share a split",
+    )  # fmt: skip
     bench.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     bench.add_argument("--device", default="cpu")
     bench.add_argument(
@@ -68,11 +81,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         BenchConfig,
         aggregate_rows,
         format_markdown_table,
+        get_method,
         list_methods,
         run_benchmark,
         write_results,
     )
     from gpext_bench.results import invocation
+    from gpext_bench.runner import check_device
 
     if args.list:
         for m in list_methods():
@@ -89,23 +104,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
         dtype=getattr(torch, args.dtype),
-        device=torch.device(args.device),
+        device=check_device(args.device),
     )
     run = run_benchmark(
-        args.datasets, args.methods, config=config, data_dir=args.data_dir, splits=args.splits
+        args.datasets,
+        args.methods,
+        config=config,
+        data_dir=args.data_dir,
+        splits=args.splits,
+        log=None if sys.stderr.isatty() else sys.stderr,
     )
     rows = aggregate_rows(run.rows)
-    for task_cols in (
-        ["dataset", "method", "rmse", "nll", "coverage95", "seconds", "n"],
-        ["dataset", "method", "error", "mnll", "ece", "brier", "seconds", "n"],
+    failed = ["failed"] if run.failures else []
+    for task, task_cols in (
+        ("regression", ["dataset", "method", "rmse", "nll", "coverage95", "seconds", "n"]),
+        ("classification", ["dataset", "method", "error", "mnll", "ece", "brier", "seconds", "n"]),
     ):
-        sel = [r for r in rows if task_cols[2] in r]
+        sel = [r for r in rows if get_method(r["method"]).task == task]
         if sel:
-            print(format_markdown_table(sel, task_cols))
+            print(format_markdown_table(sel, task_cols + failed))
     for f in run.failures:
-        print(f"FAILED {f['dataset']} / {f['method']}: {f['error']}", file=sys.stderr)
+        print(
+            f"FAILED {f['dataset']} split {f['split']} / {f['method']}: {f['error']}",
+            file=sys.stderr,
+        )
     json_path, md_path = write_results(
-        "gpext_bench", rows, args.out, command=invocation(), extra={"per_split": run.rows}
+        "gpext_bench",
+        rows,
+        args.out,
+        command=invocation(),
+        extra={"per_split": run.rows},
+        markdown_skip=("per_split",),
     )
     print(f"wrote {json_path} and {md_path}")
     if not args.no_plot:
@@ -114,7 +143,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         png = plot_run(run, f"{args.out}/gpext_bench.png")
         if png is not None:
             print(f"wrote {png}")
-    return 1 if run.failures and not run.rows else 0
+    if run.failures:
+        print(f"gpext: {len(run.failures)} fit(s) failed; see the rows with 'failure'.",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,7 +59,9 @@ def format_markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = 
 def aggregate_rows(rows: Sequence[dict], keys: Sequence[str] = ("dataset", "method")) -> list[dict]:
     """Average numeric fields over rows sharing ``keys``; adds ``<metric>_se`` standard errors.
 
-    Rows that differ only in e.g. ``split`` or ``seed`` are merged; ``n`` counts them.
+    Rows that differ only in e.g. ``split`` or ``seed`` are merged; ``n`` counts them.  A row
+    with a ``failure`` field (a fit that raised) adds nothing to the averages: such rows are
+    counted in ``failed`` and ``n`` counts the others.
     """
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -68,20 +70,24 @@ def aggregate_rows(rows: Sequence[dict], keys: Sequence[str] = ("dataset", "meth
     skip = {"split", "seed"}
     for key, members in groups.items():
         agg = dict(zip(keys, key))
-        metric_names = [
-            m
-            for m in members[0]
-            if m not in keys and m not in skip and isinstance(members[0][m], (int, float))
-        ]
+        ok = [r for r in members if not r.get("failure")]
+        metric_names: list[str] = []
+        for r in ok:
+            for m, v in r.items():
+                numeric = isinstance(v, (int, float))
+                if m not in keys and m not in skip and numeric and m not in metric_names:
+                    metric_names.append(m)
         for metric in metric_names:
-            vals = [float(r[metric]) for r in members if metric in r]
+            vals = [float(r[metric]) for r in ok if metric in r]
             n = len(vals)
             mean = sum(vals) / n
             agg[metric] = mean
             if n > 1 and metric != "n":
                 var = sum((v - mean) ** 2 for v in vals) / (n - 1)
                 agg[f"{metric}_se"] = math.sqrt(var / n)
-        agg["n"] = len(members)
+        agg["n"] = len(ok)
+        if len(ok) < len(members):
+            agg["failed"] = len(members) - len(ok)
         out.append(agg)
     return out
 

@@ -6,16 +6,25 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TextIO
 
 import torch
 
 from gpext import metrics
-from gpext.errors import GpextError, InputDataError, expected_got
+from gpext.errors import InputDataError, expected_got
 from gpext.utils import progress_bar
 from gpext_bench.data import DatasetSplit, dataset_info, load_dataset
 from gpext_bench.registry import BenchConfig, BenchMethod, Prediction, get_method, list_methods
 
-__all__ = ["BenchRun", "evaluate_prediction", "run_benchmark"]
+__all__ = [
+    "MAX_SEED",
+    "SEED_STRIDE",
+    "BenchRun",
+    "check_device",
+    "evaluate_prediction",
+    "run_benchmark",
+    "split_seeds",
+]
 
 #: Datasets used when none are named: scikit-learn's bundled sets, always available offline.
 DEFAULT_DATASETS = ("diabetes", "breast_cancer", "wine", "digits")
@@ -81,6 +90,69 @@ class BenchRun:
     failures: list[dict] = field(default_factory=list)
 
 
+#: Seeds of different ``--seed`` values never coincide: split ``s`` of base seed ``k`` draws its
+#: random train/test split with ``random_state = k * SEED_STRIDE + s`` and seeds the fit with
+#: ``1000 * (k * SEED_STRIDE + s)``; both are one-to-one in ``(k, s)`` for ``s < SEED_STRIDE``.
+#: Seed 0 keeps the earlier values (``random_state = s``, fit seed ``1000 s``).
+SEED_STRIDE = 10_007
+#: Largest base seed: scikit-learn's ``random_state`` must stay below ``2**32``.
+MAX_SEED = (2**32 - 1) // SEED_STRIDE - 1
+
+
+def split_seeds(seed: int, split: int) -> tuple[int, int]:
+    """The ``(load_dataset seed, fit seed)`` of split ``split`` under base seed ``seed``.
+
+    ``load_dataset`` adds the split index itself, so its seed is ``seed * SEED_STRIDE``
+    (random splits then use ``random_state = seed * SEED_STRIDE + split``).
+    """
+    return seed * SEED_STRIDE, 1000 * (seed * SEED_STRIDE + split)
+
+
+def _check_int(what: str, value: object, low: int, high: int | None, fix: str) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        rng = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise InputDataError(expected_got(what, rng, repr(value), fix))
+
+
+def check_device(device: torch.device | str) -> torch.device:
+    """The device as a ``torch.device``, checked to exist on this machine.
+
+    Raises:
+        InputDataError: If the name is not a device, or CUDA / MPS is not available.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputDataError(
+            expected_got("device", "a torch device such as 'cpu' or 'cuda:0'", repr(device))
+        ) from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index is not None and dev.index >= count):
+            have = "no CUDA device" if count == 0 else f"{count} CUDA device(s)"
+            raise InputDataError(
+                expected_got(
+                    "device",
+                    "a device available on this machine",
+                    f"{str(dev)!r} while this torch build sees {have}",
+                    "Use --device cpu, or install a CUDA build of torch on a GPU machine.",
+                )
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputDataError(
+            expected_got("device", "a device available on this machine", "'mps' (unavailable)",
+                         "Use --device cpu.")
+        )  # fmt: skip
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise InputDataError(
+            expected_got("device", "'cpu', 'cuda', 'cuda:<index>' or 'mps'", repr(str(dev)))
+        )
+    return dev
+
+
 def _resolve_methods(methods: Sequence[str] | None, task: str) -> list[BenchMethod]:
     if not methods:
         return list_methods(task, default_only=True)
@@ -88,6 +160,40 @@ def _resolve_methods(methods: Sequence[str] | None, task: str) -> list[BenchMeth
         return list_methods(task)
     chosen = [get_method(m) for m in methods]
     return [m for m in chosen if m.task == task]
+
+
+def _split_indices(name: str, splits: Sequence[int] | int | None, num: int, quick: bool) -> list:
+    if splits is None:
+        return list(range(min(num, 1 if quick else 5)))
+    if isinstance(splits, int) and not isinstance(splits, bool):
+        return list(range(min(splits, num)))
+    idx = list(splits)
+    for s in idx:
+        _check_int(f"split index of {name}", s, 0, min(num, SEED_STRIDE) - 1,
+                   f"{name} has {num} split(s).")  # fmt: skip
+    return idx
+
+
+def _check_arguments(
+    datasets: list, methods: Sequence[str] | None, splits: object, seed: object
+) -> None:
+    if not datasets:
+        raise InputDataError(expected_got("datasets", "at least one dataset name", "none"))
+    if isinstance(splits, int) and not isinstance(splits, bool):
+        _check_int("splits", splits, 1, None, "Pass a count of at least 1 (e.g. --splits 3).")
+    elif splits is not None:
+        if isinstance(splits, (str, bytes)) or not list(splits):
+            raise InputDataError(
+                expected_got("splits", "a count >= 1 or a non-empty list of indices", repr(splits))
+            )
+    _check_int("seed", seed, 0, MAX_SEED, "Pass a non-negative seed (e.g. --seed 1).")
+    if methods is not None and not list(methods):
+        raise InputDataError(
+            expected_got("methods", "at least one method name, or 'all'", "an empty list")
+        )
+    if methods and list(methods) != ["all"]:
+        for m in methods:
+            get_method(m)  # fail early on unknown names
 
 
 def run_benchmark(
@@ -99,66 +205,112 @@ def run_benchmark(
     splits: Sequence[int] | int | None = None,
     keep_predictions: bool = True,
     raise_errors: bool = False,
+    log: TextIO | None = None,
 ) -> BenchRun:
     """Fit every matching method on every dataset split and score it.
+
+    Split ``s`` under ``config.seed = k`` is drawn and fitted with the seeds of
+    :func:`split_seeds`, so different base seeds never share a split or a fit seed.
 
     Args:
         datasets: Dataset names or folder paths (default :data:`DEFAULT_DATASETS`).
         methods: Method names; default: the registered methods of the dataset's task marked
             ``default``; ``["all"]``: every registered method. Methods of the other task are
-            skipped for a dataset.
+            skipped for a dataset, but a named method that fits no dataset is an error.
         config: Shared :class:`BenchConfig`.
         data_dir: Data folder (argument, then ``$GPEXT_DATA_DIR``).
-        splits: Split indices, or a count (the first ``k`` splits). Default: 1 split in quick
-            mode, up to 5 otherwise.
+        splits: Split indices, or a count >= 1 (the first ``k`` splits). Default: 1 split in
+            quick mode, up to 5 otherwise.
         keep_predictions: Keep predictions for plotting.
         raise_errors: Re-raise a method's failure instead of recording it and going on.
+        log: Stream that gets one flushed line per finished (dataset, split, method), e.g.
+            ``sys.stderr`` when it is not a terminal (the progress bar is off there).
 
     Returns:
-        A :class:`BenchRun` with one row per (dataset, method, split).
+        A :class:`BenchRun` with one row per (dataset, method, split). A fit that raised any
+        exception gets a row with ``failure`` (the error text) and no metrics, and an entry
+        in ``failures``; the run goes on with the next fit.
+
+    Raises:
+        InputDataError: Bad ``splits``, seed, method names, a named method that matches the
+            task of no dataset, or an unavailable device.
+        DatasetNotFoundError: An unknown dataset.
     """
     config = config or BenchConfig()
     datasets = list(datasets or DEFAULT_DATASETS)
-    if methods and list(methods) != ["all"]:
-        for m in methods:
-            get_method(m)  # fail early on unknown names
+    _check_arguments(datasets, methods, splits, config.seed)
+    config = replace(config, device=check_device(config.device))
     run = BenchRun()
     jobs = []
+    tasks: dict[str, str] = {}
+    skipped: list[str] = []
     for name in datasets:
         info = dataset_info(name, data_dir=data_dir)
-        if splits is None:
-            idx = list(range(min(info["num_splits"], 1 if config.quick else 5)))
-        elif isinstance(splits, int):
-            idx = list(range(min(splits, info["num_splits"])))
-        else:
-            idx = list(splits)
+        tasks[name] = info["task"]
+        idx = _split_indices(name, splits, info["num_splits"], config.quick)
         chosen = _resolve_methods(methods, info["task"])
         if not chosen:
-            warnings.warn(
-                f"no registered method for {name} ({info['task']}); skipped", stacklevel=2
-            )
+            skipped.append(f"{name} ({info['task']})")
         for s in idx:
             for method in chosen:
                 jobs.append((name, s, method))
+    if methods and list(methods) != ["all"]:
+        for m in methods:
+            method = get_method(m)
+            if method.task not in tasks.values():
+                sets = ", ".join(f"{n} ({t})" for n, t in tasks.items())
+                raise InputDataError(
+                    expected_got(
+                        f"method {m!r}",
+                        f"a method of the datasets' task; {m!r} is a {method.task} method",
+                        f"datasets {sets}",
+                        f"Run `gpext bench --list` for the {'/'.join(sorted(set(tasks.values())))}"
+                        " methods, or name a dataset of its task.",
+                    )
+                )
+    for what in skipped:
+        warnings.warn(f"no registered method for {what}; skipped", stacklevel=2)
+    if not jobs:
+        raise InputDataError(
+            expected_got("gpext bench", "at least one (dataset, method) pair to run", "none")
+        )
     bar = progress_bar(jobs, desc="gpext bench", show=config.show_progress, leave=True)
-    for name, s, method in bar:
+    for k, (name, s, method) in enumerate(bar, start=1):
         bar.set_postfix_str(f"{name}/{s} {method.name}")
-        split = load_dataset(name, split=s, data_dir=data_dir, dtype=config.dtype, seed=config.seed)
-        torch.manual_seed(config.seed + 1000 * s)
-        cfg = replace(config, seed=config.seed + 1000 * s)
+        data_seed, fit_seed = split_seeds(config.seed, s)
         t0 = time.perf_counter()
         try:
+            split = load_dataset(
+                name, split=s, data_dir=data_dir, dtype=config.dtype, seed=data_seed
+            )
+            torch.manual_seed(fit_seed)
+            cfg = replace(config, seed=fit_seed)
+            t0 = time.perf_counter()
             pred = method.fit_predict(split, cfg)
             seconds = time.perf_counter() - t0
             scores = evaluate_prediction(split, pred)
-        except GpextError as err:
+        except Exception as err:  # noqa: BLE001 (recorded with its row; the run goes on)
             if raise_errors:
                 raise
-            run.failures.append({"dataset": split.name, "method": method.name, "error": str(err)})
+            text = f"{type(err).__name__}: {err}"
+            seconds = time.perf_counter() - t0
+            run.failures.append({"dataset": name, "method": method.name, "split": s,
+                                 "error": text})  # fmt: skip
+            run.rows.append({"dataset": name, "method": method.name, "split": s,
+                             "seconds": seconds, "failure": text})  # fmt: skip
+            _log(log, k, len(jobs), name, s, method.name, f"FAILED {text}")
             continue
+        # Methods sharing one training run (the subspace family) report their own share.
+        seconds = float(pred.info.get("seconds", seconds))
         row = {"dataset": split.name, "method": method.name, "split": s, **scores}
         row["seconds"] = seconds
         run.rows.append(row)
         if keep_predictions:
             run.predictions[(split.name, method.name, s)] = (split, pred)
+        _log(log, k, len(jobs), split.name, s, method.name, f"{seconds:.2f} s")
     return run
+
+
+def _log(log: TextIO | None, k: int, total: int, name: str, s: int, method: str, what: str):
+    if log is not None:
+        print(f"gpext bench [{k}/{total}] {name} split {s} {method}: {what}", file=log, flush=True)
