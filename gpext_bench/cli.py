@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="method names, or 'all' (default: the methods marked default in --list)",
     )  # fmt: skip
     bench.add_argument(
+        "--task", choices=("regression", "classification"), default=None,
+        help="task of a single-table dataset folder (default: classification unless the target "
+        "column holds non-integer numbers); other formats fix their task",
+    )  # fmt: skip
+    bench.add_argument(
+        "--target", default=None, metavar="COLUMN",
+        help="target column of a single-table dataset folder: header name or 0-based index "
+        "(default: the one non-numeric column, else the last)",
+    )  # fmt: skip
+    bench.add_argument(
         "--splits", type=int, default=None,
         help="number of splits per dataset (>= 1; default 1 with --quick, else up to 5)",
     )  # fmt: skip
@@ -113,6 +123,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         splits=args.splits,
         log=None if sys.stderr.isatty() else sys.stderr,
+        task=args.task,
+        target=args.target,
     )
     rows = aggregate_rows(run.rows)
     failed = ["failed"] if run.failures else []

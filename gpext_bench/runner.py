@@ -206,6 +206,8 @@ def run_benchmark(
     keep_predictions: bool = True,
     raise_errors: bool = False,
     log: TextIO | None = None,
+    task: str | None = None,
+    target: str | None = None,
 ) -> BenchRun:
     """Fit every matching method on every dataset split and score it.
 
@@ -225,6 +227,9 @@ def run_benchmark(
         raise_errors: Re-raise a method's failure instead of recording it and going on.
         log: Stream that gets one flushed line per finished (dataset, split, method), e.g.
             ``sys.stderr`` when it is not a terminal (the progress bar is off there).
+        task: Task of single-table dataset folders (``"regression"`` or
+            ``"classification"``; see :func:`~gpext_bench.data.load_dataset`).
+        target: Target column of single-table dataset folders (header name or index).
 
     Returns:
         A :class:`BenchRun` with one row per (dataset, method, split). A fit that raised any
@@ -245,7 +250,7 @@ def run_benchmark(
     tasks: dict[str, str] = {}
     skipped: list[str] = []
     for name in datasets:
-        info = dataset_info(name, data_dir=data_dir)
+        info = dataset_info(name, data_dir=data_dir, task=task, target=target)
         tasks[name] = info["task"]
         idx = _split_indices(name, splits, info["num_splits"], config.quick)
         chosen = _resolve_methods(methods, info["task"])
@@ -281,8 +286,9 @@ def run_benchmark(
         t0 = time.perf_counter()
         try:
             split = load_dataset(
-                name, split=s, data_dir=data_dir, dtype=config.dtype, seed=data_seed
-            )
+                name, split=s, data_dir=data_dir, dtype=config.dtype, seed=data_seed,
+                task=task, target=target,
+            )  # fmt: skip
             torch.manual_seed(fit_seed)
             cfg = replace(config, seed=fit_seed)
             t0 = time.perf_counter()

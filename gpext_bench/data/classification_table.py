@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpext.errors import DataFormatError
+from gpext.errors import DataFormatError, InputDataError, expected_got
 from gpext_bench.data.parsers import check_finite, file_stamp
 
-__all__ = ["read_classification_table"]
+__all__ = ["read_classification_table", "read_table"]
 
 
 def read_classification_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -37,7 +37,36 @@ def read_classification_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[
         DataFormatError: If the file cannot be decoded, rows differ in length, a feature
             column is not numeric, values are NaN/inf, or there are fewer than two classes.
     """
-    return _read(*file_stamp(path))
+    x, y, names, _ = _read(*file_stamp(path))
+    return x, y, names
+
+
+def read_table(
+    path: Path, task: str | None = None, target: str | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str] | None, str]:
+    """Read a comma-separated table as a regression or a classification dataset.
+
+    Args:
+        path: Text file (see :func:`read_classification_table` for header detection).
+        task: ``"regression"``, ``"classification"`` or ``None``: classification, unless
+            the target column holds numbers that are not all integers (then regression).
+        target: Target column: a header name or a 0-based column index (as text or int);
+            default as :func:`read_classification_table` picks the label column.
+
+    Returns:
+        ``(x, y, class_names, task)``; ``y`` is float64 for regression (``class_names``
+        ``None``) and int64 class indices for classification.
+
+    Raises:
+        DataFormatError: As :func:`read_classification_table`; also for a regression target
+            that is not numeric.
+        InputDataError: If ``task`` is unknown or ``target`` names no column.
+    """
+    if task not in (None, "regression", "classification"):
+        raise InputDataError(
+            expected_got("task", "'regression', 'classification' or None", repr(task))
+        )
+    return _read(*file_stamp(path), task=task, target=None if target is None else str(target))
 
 
 def _read_cells(path: str) -> tuple[np.ndarray, list[int]]:
@@ -80,8 +109,29 @@ def _is_number(cell: str) -> bool:
     return _as_float(np.array([cell])) is not None
 
 
+def _target_column(target: str, first_row: np.ndarray, header: bool, path: str) -> int:
+    width = len(first_row)
+    if target.lstrip("-").isdigit():
+        j = int(target)
+        if 0 <= j < width:
+            return j
+    elif header and target in first_row.tolist():
+        return first_row.tolist().index(target)
+    names = f"header names {first_row.tolist()} or " if header else ""
+    raise InputDataError(
+        expected_got(
+            f"target column of {path}",
+            f"one of the {names}0-based indices 0 .. {width - 1}",
+            repr(target),
+        )
+    )
+
+
 @functools.lru_cache(maxsize=8)
-def _read(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _read(
+    path: str, mtime_ns: int, size: int, task: str | None = "classification",
+    target: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[str] | None, str]:  # fmt: skip
     cells, lines = _read_cells(path)
     width = cells.shape[1]
     numeric = [_as_float(cells[1:, j]) is not None for j in range(width)]
@@ -90,6 +140,9 @@ def _read(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, np.ndarray, 
     header = any(numeric[j] and not _is_number(cells[0, j]) for j in range(width)) or (
         not numeric[label] and cells[0, label] not in set(cells[1:, label].tolist())
     )
+    if target is not None:
+        label = _target_column(target, cells[0], header, path)
+    first = cells[0]
     if header:
         cells, lines = cells[1:], lines[1:]
     features = [j for j in range(width) if j != label]
@@ -102,10 +155,25 @@ def _read(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, np.ndarray, 
             )
     x = cells[:, features].astype(np.float64)
     check_finite(x, path, line_numbers=lines, column_numbers=features)
-    y, names = _encode_labels(cells[:, label], path)
+    values = _as_float(cells[:, label])
+    if task is None:
+        fractional = values is not None and not np.all(np.mod(values[np.isfinite(values)], 1) == 0)
+        task = "regression" if fractional else "classification"
+    if task == "regression":
+        if values is None:
+            column = f"{first[label]!r} (column {label})" if header else f"column {label}"
+            raise DataFormatError(
+                f"{path}: expected numbers in the regression target {column}, got text such "
+                f"as {str(cells[0, label])!r}. Pass --target <column> to choose another column "
+                "or --task classification."
+            )
+        check_finite(values[:, None], path, line_numbers=lines, column_numbers=[label])
+        y, names = values, None
+    else:
+        y, names = _encode_labels(cells[:, label], path)
     x.flags.writeable = False
     y.flags.writeable = False
-    return x, y, names
+    return x, y, names, task
 
 
 def _encode_labels(labels: np.ndarray, path: str) -> tuple[np.ndarray, list[str]]:

@@ -9,7 +9,8 @@ Formats, tried in this order:
   ``test_mask.csv.gz`` (N x F of 0/1; column ``j`` marks fold ``j``'s test rows).
 * ``mnist_idx``: ``<prefix>images-idx3-ubyte[.gz]`` with ``<prefix>labels-idx1-ubyte[.gz]``.
 * ``classification_table``: exactly one ``*.data``, ``*.csv`` or ``*.txt`` file besides
-  read-me and licence files, comma separated.
+  read-me and licence files, comma separated; a classification or (``task="regression"``,
+  or a target with non-integer numbers) a regression table.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gpext.errors import DataFormatError
-from gpext_bench.data.classification_table import read_classification_table
+from gpext_bench.data.classification_table import read_table
 from gpext_bench.data.mnist_idx import IMAGES_PATTERN, LABELS_PATTERN, read_mnist_idx
 from gpext_bench.data.parsers import read_index, read_matrix
 from gpext_bench.data.raw_dataset import RawDataset
@@ -34,7 +35,8 @@ FORMAT_FILES = {
     "dkl_folds": "data.csv.gz (comma separated, target last) and test_mask.csv.gz (N x F of 0/1)",
     "mnist_idx": "<prefix>images-idx3-ubyte[.gz] and <prefix>labels-idx1-ubyte[.gz]",
     "classification_table": "exactly one comma-separated *.data, *.csv or *.txt file "
-    "(optional header; label = the one non-numeric column, else the last)",
+    "(optional header; target = the one non-numeric column, else the last, or --target; "
+    "read as classification unless the target has non-integer numbers or --task regression)",
 }
 TABLE_SUFFIXES = (".data", ".csv", ".txt")
 _DOC_FILE = re.compile(r"^(readme|licen[cs]e|copying|notice|citation|changelog)", re.IGNORECASE)
@@ -81,12 +83,16 @@ def unrecognized_message(folder: Path) -> str:
     )
 
 
-def read_folder(folder: Path, name: str) -> RawDataset:
+def read_folder(
+    folder: Path, name: str, task: str | None = None, target: str | None = None
+) -> RawDataset:
     """Detect the format of ``folder`` and parse it (file parses are cached).
 
     Args:
         folder: Dataset folder.
         name: Dataset name to report.
+        task: Task of a single-table folder (see :func:`read_table`); other formats fix it.
+        target: Target column of a single-table folder (header name or 0-based index).
 
     Returns:
         The parsed dataset.
@@ -103,7 +109,9 @@ def read_folder(folder: Path, name: str) -> RawDataset:
         return read_mnist_idx(folder, name)
     if fmt == "classification_table":
         path = folder / _table_candidates(_file_names(folder))[0]
-        x, y, names = read_classification_table(path)
+        x, y, names, kind = read_table(path, task, target)
+        if kind == "regression":
+            return RawDataset(name, fmt, kind, x, y, default_test_size=0.1, path=folder)
         return RawDataset(
             name, fmt, "classification", x, y, default_test_size=0.2, stratify=True,
             class_names=names, path=folder,

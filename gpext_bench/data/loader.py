@@ -110,7 +110,40 @@ def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or name.startswith((".", "~")) or os.path.isabs(name)
 
 
-def _read_raw(name: str | os.PathLike, data_dir: str | os.PathLike | None) -> RawDataset:
+def _read_raw(
+    name: str | os.PathLike,
+    data_dir: str | os.PathLike | None,
+    task: str | None = None,
+    target: str | None = None,
+) -> RawDataset:
+    raw = _find_raw(name, data_dir, task, target)
+    if task is not None and raw.task != task:
+        raise InputDataError(
+            expected_got(
+                f"task of dataset {raw.name!r}",
+                f"{task!r}",
+                f"{raw.task!r}, fixed by its {raw.format} format",
+                "Only single-table folders (classification_table) can be read as either task.",
+            )
+        )
+    if target is not None and raw.format != "classification_table":
+        raise InputDataError(
+            expected_got(
+                f"target column of dataset {raw.name!r}",
+                "no target option, since its format names the target itself",
+                f"{raw.format} with target={target!r}",
+                "Use --target only with single-table folders.",
+            )
+        )
+    return raw
+
+
+def _find_raw(
+    name: str | os.PathLike,
+    data_dir: str | os.PathLike | None,
+    task: str | None,
+    target: str | None,
+) -> RawDataset:
     if isinstance(name, os.PathLike) or (isinstance(name, str) and _looks_like_path(name)):
         path = Path(name).expanduser()
         if not path.is_dir():
@@ -120,19 +153,20 @@ def _read_raw(name: str | os.PathLike, data_dir: str | os.PathLike | None) -> Ra
                     "dataset folder", "an existing directory", f"{str(path)!r}, which {state}"
                 )
             )
-        return read_folder(path, path.resolve().name)
+        return read_folder(path, path.resolve().name, task, target)
     if not isinstance(name, str) or not name:
         raise InputTypeError(expected_got("dataset name", "a non-empty str or a path", repr(name)))
     root = resolve_data_dir(data_dir)
     if root is not None and (root / name).is_dir():
-        return read_folder(root / name, name)
+        return read_folder(root / name, name, task, target)
     alias = ALIASES.get(name)
     if root is not None and alias is not None and (root / alias).is_dir():
-        return read_folder(root / alias, name)
+        return read_folder(root / alias, name, task, target)
     if name in SKLEARN_DATASETS:
         return read_sklearn(name)
     if Path(name).is_dir() and detect_format(Path(name)) is not None:
-        return read_folder(Path(name), name)  # a dataset folder in the working directory
+        # a dataset folder in the working directory
+        return read_folder(Path(name), name, task, target)
     where = f"data directory {str(root)!r}" if root is not None else "no data directory set"
     raise DatasetNotFoundError(
         f"Unknown dataset {name!r} ({where}). Available: {', '.join(list_datasets(root))}. "
@@ -141,13 +175,19 @@ def _read_raw(name: str | os.PathLike, data_dir: str | os.PathLike | None) -> Ra
 
 
 def dataset_info(
-    name: str | os.PathLike, data_dir: str | os.PathLike | None = None
+    name: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    task: str | None = None,
+    target: str | None = None,
 ) -> dict[str, object]:
     """Describe a dataset without splitting it.
 
     Args:
         name: Dataset name or folder path (see :func:`load_dataset`).
         data_dir: Data directory (default ``$GPEXT_DATA_DIR``).
+        task: See :func:`load_dataset`.
+        target: See :func:`load_dataset`.
 
     Returns:
         Dict with keys ``name``, ``task``, ``format``, ``num_splits``, ``num_rows``,
@@ -158,7 +198,7 @@ def dataset_info(
         DatasetNotFoundError: If the dataset cannot be found.
         DataFormatError: If its files cannot be parsed.
     """
-    raw = _read_raw(name, data_dir)
+    raw = _read_raw(name, data_dir, task, target)
     return {
         "name": raw.name,
         "task": raw.task,
@@ -181,6 +221,8 @@ def load_dataset(
     test_size: int | float | None = None,
     standardize: bool = True,
     device: torch.device | str | None = None,
+    task: str | None = None,
+    target: str | None = None,
 ) -> DatasetSplit:
     r"""Load one train/test split of a dataset as standardised tensors.
 
@@ -207,6 +249,10 @@ def load_dataset(
         standardize: Standardise inputs and regression targets with training statistics
             (pixels of IDX images are never standardised).
         device: Device of the returned tensors.
+        task: ``"regression"`` or ``"classification"`` for a single-table folder (default:
+            classification unless the target holds non-integer numbers); for other datasets,
+            which fix their task, a different value is an error.
+        target: Target column of a single-table folder: header name or 0-based index.
 
     Returns:
         The split; ``x`` has shape ``(N, D)``, ``y`` shape ``(N,)``.
@@ -225,7 +271,7 @@ def load_dataset(
         raise InputDataError(
             expected_got("load_dataset(dtype=...)", "torch.float32 or torch.float64", dtype)
         )
-    raw = _read_raw(name, data_dir)
+    raw = _read_raw(name, data_dir, task, target)
     train, test = raw.split_indices(split, seed, test_size)
     # Prepare in float64 numpy and convert once: torch's threaded elementwise ops cost more
     # than they save on arrays of this size.
