@@ -2,7 +2,8 @@
 
 ``gpext bench [--quick] [--data-dir DIR] [--dataset NAME ...] [--methods NAME ...] [--out DIR]``
 fits the registered methods on the chosen datasets, prints a results table, and writes
-``<out>/gpext_bench.json``, ``<out>/gpext_bench.md`` and (with matplotlib) ``<out>/gpext_bench.png``.
+``<out>/gpext_bench.json``, ``<out>/gpext_bench.md`` and (with matplotlib) ``<out>/gpext_bench.png``
+(one panel per metric, methods side by side) and ``<out>/gpext_bench_predictions.png``.
 ``gpext datasets`` lists the datasets found; ``gpext bench --list`` the registered methods.
 
 Exit codes: 0 when every fit succeeded; 1 when at least one (dataset, method, split) fit raised
@@ -150,11 +151,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     print(f"wrote {json_path} and {md_path}")
     if not args.no_plot:
-        from gpext_bench.plots import plot_run
+        from gpext_bench.plots import plot_metrics, plot_run
 
-        png = plot_run(run, f"{args.out}/gpext_bench.png")
-        if png is not None:
-            print(f"wrote {png}")
+        for png in (
+            plot_metrics(rows, f"{args.out}/gpext_bench.png"),
+            plot_run(run, f"{args.out}/gpext_bench_predictions.png"),
+        ):
+            if png is not None:
+                print(f"wrote {png}")
     if run.failures:
         print(f"gpext: {len(run.failures)} fit(s) failed; see the rows with 'failure'.",
               file=sys.stderr)  # fmt: skip

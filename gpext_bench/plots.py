@@ -9,7 +9,7 @@ import torch
 from gpext import metrics
 from gpext_bench.runner import BenchRun
 
-__all__ = ["plot_run"]
+__all__ = ["plot_metrics", "plot_run"]
 
 
 def plot_run(run: BenchRun, path: str | Path) -> Path | None:
@@ -55,6 +55,57 @@ def plot_run(run: BenchRun, path: str | Path) -> Path | None:
             ax.set_ylabel("accuracy")
         ax.set_title(dataset)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_metrics(rows: list[dict], path: str | Path, metrics_order: tuple[str, ...] = (
+    "rmse", "nll", "coverage95", "error", "mnll", "ece", "brier", "seconds",
+)) -> Path | None:  # fmt: skip
+    """Save one panel per metric, methods side by side (bars, ± one standard error) per dataset.
+
+    Args:
+        rows: Aggregated rows (:func:`~gpext_bench.results.aggregate_rows`).
+        path: PNG path.
+        metrics_order: Metrics to draw, in panel order; those no row has are left out.
+
+    Returns:
+        The path, or ``None`` when matplotlib is missing or no row has a metric.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = [m for m in metrics_order if any(m in r for r in rows)]
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6), squeeze=False)
+    for ax, metric in zip(axes[0], names):
+        sel = [r for r in rows if metric in r]
+        datasets = list(dict.fromkeys(r["dataset"] for r in sel))
+        methods = list(dict.fromkeys(r["method"] for r in sel))
+        width = 0.8 / len(methods)
+        for j, method in enumerate(methods):
+            xs, ys, es = [], [], []
+            for i, dataset in enumerate(datasets):
+                r = next(
+                    (r for r in sel if r["dataset"] == dataset and r["method"] == method), None
+                )
+                if r is not None:
+                    xs.append(i - 0.4 + width * (j + 0.5))
+                    ys.append(r[metric])
+                    es.append(r.get(f"{metric}_se", 0.0))
+            ax.bar(xs, ys, width, yerr=es, capsize=2, label=method)
+        ax.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right", fontsize=8)
+        ax.set_title(metric)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

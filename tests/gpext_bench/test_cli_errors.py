@@ -141,3 +141,19 @@ def test_markdown_keeps_per_split_rows_out(tmp_path, fake_methods):
 def test_empty_method_list_is_an_error():
     with pytest.raises(InputDataError, match="at least one method"):
         run_benchmark(["diabetes"], [], config=BenchConfig(quick=True))
+
+
+def test_metric_figure_has_one_panel_per_metric(tmp_path):
+    pytest.importorskip("matplotlib")
+    from gpext_bench.plots import plot_metrics
+
+    rows = [
+        {"dataset": "d", "method": m, "rmse": 1.0 + k, "rmse_se": 0.1, "nll": 0.5, "seconds": 2.0}
+        for k, m in enumerate(("a", "b", "c"))
+    ]
+    path = plot_metrics(rows, tmp_path / "f.png")
+    assert path is not None and path.stat().st_size > 0
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert width > 2.5 * height  # three panels side by side
