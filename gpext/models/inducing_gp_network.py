@@ -12,6 +12,7 @@ from torch import nn
 from gpext.errors import (
     InputDataError,
     InputTypeError,
+    NotFittedError,
     ShapeError,
     VarianceCollapseWarning,
     expected_got,
@@ -28,6 +29,7 @@ from gpext.kernels import FeatureMapKernel
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
     as_float_tensor,
+    as_model_input,
     check_finite,
     check_labels,
     check_positive_int,
@@ -268,6 +270,10 @@ class InducingGPNetwork(gpytorch.Module):
 
                 dirichlet_transform = DirichletTransform(num_classes)
             self.dirichlet_transform = dirichlet_transform
+        #: Set by :meth:`initialize` / :meth:`fit` and by loading a state dict; :meth:`predict`
+        #: raises :class:`~gpext.errors.NotFittedError` before.
+        self._fitted = False
+        self.register_load_state_dict_post_hook(_mark_fitted)
 
     # ------------------------------------------------------------------ features and latent GP
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -305,11 +311,14 @@ class InducingGPNetwork(gpytorch.Module):
         return self.gp(self._head_features(self.features(x)))
 
     # ------------------------------------------------------------------ objective (Eq. 5)
-    def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise InputTypeError(
-                expected_got("InducingGPNetwork x", "a torch.Tensor", type(x).__name__)
-            )
+    def _check_x(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        like = self.gp.inducing_points
+        if self.input_transform is None and any(True for _ in self.embedding.parameters()):
+            like = next(self.embedding.parameters())  # the network's own dtype and device
+        return as_model_input(x, like, name)
+
+    def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._check_x(x, "InducingGPNetwork x")
         if self.task == "regression":
             y = check_finite(as_float_tensor(y, "InducingGPNetwork y"), "InducingGPNetwork y")
         else:
@@ -322,7 +331,7 @@ class InducingGPNetwork(gpytorch.Module):
                     f"x {tuple(x.shape)}, y {tuple(y.shape)}",
                 )
             )
-        return y.to(x.device)
+        return x, y.to(x.device)
 
     def _dirichlet_targets(self, labels: torch.Tensor, like: torch.Tensor):
         out = self.dirichlet_transform(labels, dtype=like.dtype, class_dim=-2)
@@ -342,7 +351,7 @@ class InducingGPNetwork(gpytorch.Module):
             ShapeError: If ``x`` and ``y`` disagree in size.
             InputDataError / InputTypeError: For non-finite targets or invalid labels.
         """
-        y = self._check_xy(x, y)
+        x, y = self._check_xy(x, y)
         b = y.shape[0]
         feats = self._head_features(self.features(x))
         if self.minibatch_covariance == "independent":  # b minibatches of size one
@@ -406,7 +415,7 @@ class InducingGPNetwork(gpytorch.Module):
             generator: Random generator for the subsets.
             max_points: At most this many inputs are embedded.
         """
-        y = self._check_xy(x, y)
+        x, y = self._check_xy(x, y)
         n = y.shape[0]
         idx = torch.randperm(n, generator=generator)[: max(max_points, self.gp.num_inducing)].to(
             y.device
@@ -427,6 +436,7 @@ class InducingGPNetwork(gpytorch.Module):
         else:
             targets = self._dirichlet_targets(y[idx], feats)[0]
         self.gp.initialize_from_features(feats, targets.to(feats), generator=generator)
+        self._fitted = True
         if self._default_kernel:
             sub = feats[: min(512, feats.shape[0])]
             dist = torch.cdist(sub, sub)
@@ -542,7 +552,7 @@ class InducingGPNetwork(gpytorch.Module):
             VarianceCollapseWarning: If ``check_fit`` and the regression fit is degenerate
                 (see :meth:`check_fit`).
         """
-        y = self._check_xy(x, y)
+        x, y = self._check_xy(x, y)
         epochs = check_positive_int(epochs, "InducingGPNetwork.fit.epochs")
         batch_size = check_positive_int(batch_size, "InducingGPNetwork.fit.batch_size", minimum=2)
         if lr_schedule not in ("constant", "cosine"):
@@ -686,7 +696,7 @@ class InducingGPNetwork(gpytorch.Module):
             raise InputDataError(
                 expected_got("InducingGPNetwork.check_fit", "task 'regression'", repr(self.task))
             )
-        y = self._check_xy(x, y)
+        x, y = self._check_xy(x, y)
         if y.shape[0] > max_points:
             idx = torch.randperm(y.shape[0], generator=generator)[:max_points].to(y.device)
             x, y = x[idx], y[idx]
@@ -777,7 +787,7 @@ class InducingGPNetwork(gpytorch.Module):
                     "The probit tasks have no closed-form pseudo-labels.",
                 )
             )
-        y = self._check_xy(x, y)
+        x, y = self._check_xy(x, y)
         batch_size = check_positive_int(batch_size, "refit_pseudo_labels.batch_size")
         self.eval()
 
@@ -789,6 +799,7 @@ class InducingGPNetwork(gpytorch.Module):
                 else:
                     yield (feats, *self._dirichlet_targets(yb, feats))
 
+        self._fitted = True
         return self.gp.solve_pseudo_labels(batches(), ridge=ridge)
 
     @torch.no_grad()
@@ -837,7 +848,7 @@ class InducingGPNetwork(gpytorch.Module):
                 expected_got("InducingGPNetwork.calibrate_noise", "task='regression'",
                              repr(self.task))
             )  # fmt: skip
-        y_val = self._check_xy(x_val, y_val)
+        x_val, y_val = self._check_xy(x_val, y_val)
         if y_val.shape[0] < 2:
             raise InputDataError(
                 expected_got("InducingGPNetwork.calibrate_noise", "at least 2 held-out rows",
@@ -889,10 +900,17 @@ class InducingGPNetwork(gpytorch.Module):
         Returns:
             ``(mean, variance)`` of shape ``(M,)`` (regression, binary) or ``(C, M)``.
         """
-        if not isinstance(x, torch.Tensor) or x.dim() < 1:
-            raise InputTypeError(
-                expected_got("InducingGPNetwork.predict(x)", "a tensor (M, ...)", type(x).__name__)
+        if not self._fitted:
+            raise NotFittedError(
+                "InducingGPNetwork.predict: the model is not fitted; call fit(x, y) (or "
+                "initialize(x, y), or load a fitted state_dict) first."
             )
+        x = self._check_x(x, "InducingGPNetwork.predict(x)")
+        if x.dim() < 1 or x.shape[0] == 0:
+            raise ShapeError(
+                expected_got("InducingGPNetwork.predict(x)", "a non-empty tensor (M, ...)",
+                             tuple(x.shape))
+            )  # fmt: skip
         self.eval()
         means, variances = [], []
         for chunk in x.split(batch_size):
@@ -938,3 +956,8 @@ class InducingGPNetwork(gpytorch.Module):
         return self.dirichlet_transform.class_probs(
             mean.T.contiguous(), var.T.contiguous(), num_samples=num_samples, generator=generator
         )
+
+
+def _mark_fitted(module: InducingGPNetwork, incompatible_keys) -> None:
+    """A loaded state dict is a fitted model (``load_state_dict`` post-hook)."""
+    module._fitted = True

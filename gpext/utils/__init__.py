@@ -4,6 +4,7 @@ from gpext.utils.linalg import safe_cholesky
 from gpext.utils.progress import progress_bar, progress_enabled
 from gpext.utils.validation import (
     as_float_tensor,
+    as_model_input,
     check_finite,
     check_float_dtype,
     check_labels,
@@ -13,6 +14,7 @@ from gpext.utils.validation import (
 
 __all__ = [
     "as_float_tensor",
+    "as_model_input",
     "check_finite",
     "check_float_dtype",
     "check_labels",

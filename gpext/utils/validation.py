@@ -15,6 +15,7 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_go
 
 __all__ = [
     "as_float_tensor",
+    "as_model_input",
     "check_finite",
     "check_float_dtype",
     "check_labels",
@@ -172,3 +173,47 @@ def check_labels(labels: object, num_classes: int | None, name: str = "labels") 
             )
         )
     return labels
+
+
+def as_model_input(x: object, like: torch.Tensor, name: str) -> torch.Tensor:
+    """Inputs for a model whose parameters look like ``like``: one input contract for fit/predict.
+
+    Numpy arrays and (nested) Python sequences are converted to a tensor of ``like``'s floating
+    dtype on its device.  A tensor is returned as it is when its dtype and device match the
+    model's (integer tensors are converted to the model's dtype); a floating tensor of another
+    dtype, or one on another device, is an error that says how to fix it, instead of a torch
+    dtype or device error deep inside the model.
+
+    Args:
+        x: The inputs.
+        like: A tensor with the model's dtype and device (e.g. its inducing points).
+        name: Argument name used in error messages.
+
+    Returns:
+        The inputs as a tensor of ``like``'s dtype and device.
+
+    Raises:
+        InputTypeError: If ``x`` is not numeric, or is a tensor of another floating dtype or
+            device than the model.
+    """
+    if not isinstance(x, torch.Tensor):
+        return as_float_tensor(x, name, dtype=like.dtype).to(like.device)
+    if x.dtype == torch.bool or x.is_complex():
+        raise InputTypeError(expected_got(name, "a real-valued tensor", f"dtype {x.dtype}"))
+    if not x.is_floating_point():
+        x = x.to(like.dtype)
+    if x.dtype != like.dtype:
+        raise InputTypeError(
+            expected_got(
+                name, f"a {like.dtype} tensor like the model's parameters", f"dtype {x.dtype}",
+                f"Convert the data (x.to({like.dtype})) or the model (model.to({x.dtype})).",
+            )
+        )  # fmt: skip
+    if x.device != like.device:
+        raise InputTypeError(
+            expected_got(
+                name, f"a tensor on {like.device} like the model's parameters", f"device {x.device}",
+                f"Move the data (x.to('{like.device}')) or the model (model.to('{x.device}')).",
+            )
+        )  # fmt: skip
+    return x

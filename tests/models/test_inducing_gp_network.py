@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import torch
 
-from gpext.errors import InputDataError, InputTypeError, ShapeError
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError
 from gpext.models import InducingGPNetwork
 from gpext.nn import MLP, SetEncoder
 
@@ -21,6 +21,7 @@ def _regression_model(dtype=torch.float64, m=6, seed=0):
     with torch.no_grad():
         model.gp.pseudo_label_weight.normal_()
         model.likelihood.noise = 0.2
+    model._fitted = True  # parameters set by hand: predict without fit
     return model
 
 
@@ -124,7 +125,10 @@ class TestInducingGPNetworkRegression:
 
         a = InducingGPNetwork(MLP(2, [4], 3), num_inducing=4, input_transform=Scale()).double()
         b = InducingGPNetwork(MLP(2, [4], 3), num_inducing=4, input_transform=Scale()).double()
-        b.load_state_dict(a.state_dict())
+        with pytest.raises(NotFittedError, match="not fitted"):
+            a.predict(torch.randn(5, 2, dtype=torch.float64))
+        a._fitted = True  # its random initial parameters stand in for fitted ones
+        b.load_state_dict(a.state_dict())  # loading a state dict marks b as fitted
         x = torch.randn(5, 2, dtype=torch.float64)
         torch.testing.assert_close(a.predict(x)[0], b.predict(x)[0])
         torch.testing.assert_close(a.features(x), a.embedding(2.0 * x))
@@ -153,8 +157,14 @@ class TestInducingGPNetworkRegression:
             InducingGPNetwork(lambda x: x)
         with pytest.raises(InputDataError, match="feature_dim"):
             InducingGPNetwork(torch.nn.Tanh())
+        wrong = InducingGPNetwork(torch.nn.Linear(2, 3), feature_dim=4)
+        wrong._fitted = True
         with pytest.raises(ShapeError, match="feature_dim"):
-            InducingGPNetwork(torch.nn.Linear(2, 3), feature_dim=4).predict(torch.randn(3, 2))
+            wrong.predict(torch.randn(3, 2))
+        with pytest.raises(InputTypeError, match="torch.float64"):
+            model.predict(torch.randn(3, 2))  # float32 data into a float64 model
+        mean_np, _ = model.predict(torch.randn(3, 2, dtype=torch.float64).numpy())
+        assert mean_np.dtype == torch.float64 and mean_np.shape == (3,)
         with pytest.raises(ShapeError, match=r"\(x, y\)"):
             model.loss(x, torch.randn(5, dtype=torch.float64))
         with pytest.raises(InputDataError, match="finite"):
@@ -236,6 +246,7 @@ class TestInducingGPNetworkClassification:
         model = InducingGPNetwork(MLP(2, [4], 3), num_inducing=5, task="binary").double()
         with torch.no_grad():
             model.gp.pseudo_label_weight.normal_()
+        model._fitted = True  # parameters set by hand
         x = torch.randn(7, 2, dtype=torch.float64)
         mean, var = model.predict(x)
         probs = model.predict_proba(x)
