@@ -25,7 +25,13 @@ from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducin
 from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.models.gwi_model import GWIModel
 from gpext.nn import SmallCNN
-from gpext.utils import check_finite, check_labels, check_positive_int
+from gpext.utils import (
+    as_float_tensor,
+    as_model_input,
+    check_finite,
+    check_labels,
+    check_positive_int,
+)
 from gpext.variational import WassersteinNetworkMean
 
 __all__ = ["GWIClassificationModel"]
@@ -128,6 +134,8 @@ class GWIClassificationModel(GWIModel):
         from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
 
         j = check_positive_int(num_classes, "num_classes", minimum=2)
+        x = as_float_tensor(x, f"{cls.__name__}.from_data(x)")  # numpy / sequences too
+        y = torch.as_tensor(y).to(x.device) if not isinstance(y, torch.Tensor) else y
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(
@@ -191,6 +199,9 @@ class GWIClassificationModel(GWIModel):
         Returns:
             Probabilities :math:`\propto \mathbb Q(Y_*=j)^{1/T}`. # shape: (N, J)
         """
+        x = as_model_input(
+            x, self.variational_strategy.inducing_points, f"{type(self).__name__}.predict(x)"
+        )
         self._check_fitted()
         self.eval()
         out = []

@@ -37,7 +37,7 @@ from gpext.mlls import GWIObjective
 from gpext.mlls.gwi_objective import _check_beta
 from gpext.models.greedy_inducing_subset import greedy_inducing_subset
 from gpext.models.gwi_exact_prior import fit_exact_prior
-from gpext.utils import check_finite, check_positive_int
+from gpext.utils import as_model_input, check_finite, check_positive_int
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
 
 # fit_exact_prior, greedy_inducing_subset and the kernel-expansion mean live in their own modules
@@ -214,6 +214,16 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 targets' variance.
         """
         epochs = check_positive_int(epochs, "epochs")
+        like = self.variational_strategy.inducing_points
+        x = as_model_input(x, like, f"{type(self).__name__}.fit(x)")
+        if not isinstance(y, torch.Tensor):
+            y = torch.as_tensor(y, device=like.device)
+            y = y.to(like.dtype) if y.is_floating_point() else y
+        if x_val is not None:
+            x_val = as_model_input(x_val, like, f"{type(self).__name__}.fit(x_val)")
+        if y_val is not None and not isinstance(y_val, torch.Tensor):
+            y_val = torch.as_tensor(y_val, device=like.device)
+            y_val = y_val.to(like.dtype) if y_val.is_floating_point() else y_val
         batch_size = check_positive_int(batch_size, "batch_size")
         eval_every = check_positive_int(eval_every, "eval_every")
         if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):

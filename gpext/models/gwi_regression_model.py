@@ -25,7 +25,7 @@ from gpext.models._kernel_expansion_mean import _KernelExpansionMean
 from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducing_indices
 from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.models.gwi_model import GWIModel
-from gpext.utils import check_finite
+from gpext.utils import as_float_tensor, as_model_input, check_finite
 from gpext.variational import WassersteinNetworkMean
 
 __all__ = ["GWIRegressionModel"]
@@ -129,6 +129,8 @@ class GWIRegressionModel(GWIModel):
             InputDataError: If ``mean`` or ``inducing`` is not one of the listed options, or
                 ``x`` or ``y`` has NaN or infinite entries.
         """
+        x = as_float_tensor(x, f"{cls.__name__}.from_data(x)")  # numpy / sequences too
+        y = as_float_tensor(y, f"{cls.__name__}.from_data(y)", dtype=x.dtype).to(x.device)
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(
@@ -191,6 +193,9 @@ class GWIRegressionModel(GWIModel):
         Returns:
             ``(mean, variance)``, each of shape ``(N,)``.
         """
+        x = as_model_input(
+            x, self.variational_strategy.inducing_points, f"{type(self).__name__}.predict(x)"
+        )
         self._check_fitted()
         self.eval()
         means, variances = [], []

@@ -9,7 +9,7 @@ import torch
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.subspace.weight_posterior import LowRankGaussianWeightPosterior
-from gpext.utils import check_finite
+from gpext.utils import as_float_tensor, check_finite
 
 __all__ = ["SWAG"]
 
@@ -84,6 +84,15 @@ class SWAG(LowRankGaussianWeightPosterior):
                     "Pass variance=trajectory.variance (or use SWAG.from_trajectory).",
                 )
             )
+        # numpy arrays and sequences are accepted like tensors (the mean's dtype for the rest)
+        mean = as_float_tensor(mean, "SWAG(mean)")
+        if sq_mean is not None:
+            sq_mean = as_float_tensor(sq_mean, "SWAG(sq_mean)", dtype=mean.dtype).to(mean.device)
+        if variance is not None:
+            variance = as_float_tensor(variance, "SWAG(variance)", dtype=mean.dtype).to(mean.device)
+        deviations = as_float_tensor(deviations, "SWAG(deviations)", dtype=mean.dtype).to(
+            mean.device
+        )
         second, second_name = (sq_mean, "sq_mean") if variance is None else (variance, "variance")
         if mean.dim() != 1 or second.shape != mean.shape:
             raise ShapeError(
