@@ -24,6 +24,7 @@ from gpext.fit import (
     check_predictions_vary,
     train_loop,
 )
+from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
 
@@ -301,7 +302,7 @@ class VBootMLP(torch.nn.Module):
         check_predictions_vary(mean, targets[sub], name="VBootMLP", result=result, stacklevel=3)
         if self.task == "regression":
             check_explained_variance(mean, targets[sub], name="VBootMLP", result=result,
-                                     stacklevel=3)  # fmt: skip
+                                     stacklevel=3, advice=NETWORK_FIT_ADVICE)  # fmt: skip
         self.fit_result_ = result
         return result
 

@@ -122,6 +122,13 @@ def check_predictions_vary(
     return False
 
 
+#: The advice of :func:`check_explained_variance` for networks (they have no GP hyperparameters).
+NETWORK_FIT_ADVICE = (
+    "Train longer (more epochs, or smaller minibatches on a small data set), raise the "
+    "learning rate, or check that the inputs carry signal."
+)
+
+
 def check_explained_variance(
     predictions: torch.Tensor,
     targets: torch.Tensor,
@@ -131,6 +138,7 @@ def check_explained_variance(
     result: FitResult | None = None,
     threshold: float = MIN_EXPLAINED_VARIANCE,
     stacklevel: int = 2,
+    advice: str | None = None,
 ) -> bool:
     r"""Warn when a model explains less than ``threshold`` of its training targets' variance.
 
@@ -147,6 +155,8 @@ def check_explained_variance(
         result: A fit result to record the problem in.
         threshold: Smallest acceptable :math:`R^2`.
         stacklevel: Passed on to :func:`warnings.warn`.
+        advice: What to try, ending the message (default: advice for GP models; networks pass
+            their own, since they have no GP hyperparameters).
 
     Returns:
         ``True`` when the fit explains enough.
@@ -174,8 +184,12 @@ def check_explained_variance(
         result,
         VarianceCollapseWarning,
         f"{name}: the fit explains only R^2 = {r2:.3f} of the training targets' variance"
-        f"{extra}; it predicts close to the mean. Train longer, raise the learning rate of the "
-        "GP hyperparameters, or check that the inputs carry signal.",
+        f"{extra}; it predicts close to the mean. "
+        + (
+            advice
+            or "Train longer, raise the learning rate of the GP hyperparameters, or check that "
+            "the inputs carry signal."
+        ),
         stacklevel,
     )
     return False

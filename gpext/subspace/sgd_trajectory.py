@@ -9,6 +9,7 @@ from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
 from gpext.fit import check_explained_variance, minibatch_indices
+from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.subspace.batch_norm import has_batch_norm
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
@@ -169,5 +170,6 @@ def train_sgd_trajectory(
         with torch.no_grad():
             mean, _ = likelihood.mean_variance(module(x[sub]))
         check_explained_variance(mean.reshape(-1), y[sub].reshape(-1).to(mean),
-                                 name="train_sgd_trajectory (last iterate)", stacklevel=2)  # fmt: skip
+                                 name="train_sgd_trajectory (last iterate)", stacklevel=2,
+                                 advice=NETWORK_FIT_ADVICE)  # fmt: skip
     return collector

@@ -261,10 +261,13 @@ class SubspaceModel(nn.Module):
         with torch.no_grad():
             means = self.predict(x[sub], thetas)["means"].mean(0)
         return check_explained_variance(
-            means.reshape(-1), y[sub].reshape(-1).to(means),
+            means.reshape(-1),
+            y[sub].reshape(-1).to(means),
             name=f"SubspaceModel (T = {self.temperature:.3g}, {thetas.shape[0]} samples)",
             stacklevel=3,
-        )  # fmt: skip
+            advice="Train the network's trajectory longer, lower the temperature, or check "
+            "that the inputs carry signal.",
+        )
 
     def select_temperature(
         self,
