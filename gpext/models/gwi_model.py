@@ -216,14 +216,10 @@ class GWIModel(gpytorch.models.ApproximateGP):
         epochs = check_positive_int(epochs, "epochs")
         like = self.variational_strategy.inducing_points
         x = as_model_input(x, like, f"{type(self).__name__}.fit(x)")
-        if not isinstance(y, torch.Tensor):
-            y = torch.as_tensor(y, device=like.device)
-            y = y.to(like.dtype) if y.is_floating_point() else y
+        y = _as_targets(y, like)
         if x_val is not None:
             x_val = as_model_input(x_val, like, f"{type(self).__name__}.fit(x_val)")
-        if y_val is not None and not isinstance(y_val, torch.Tensor):
-            y_val = torch.as_tensor(y_val, device=like.device)
-            y_val = y_val.to(like.dtype) if y_val.is_floating_point() else y_val
+        y_val = None if y_val is None else _as_targets(y_val, like)
         batch_size = check_positive_int(batch_size, "batch_size")
         eval_every = check_positive_int(eval_every, "eval_every")
         if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):
@@ -429,3 +425,12 @@ class GWIModel(gpytorch.models.ApproximateGP):
             raise NotFittedError(
                 f"{type(self).__name__}: call fit() (or initialise) before predicting."
             )
+
+
+def _as_targets(y, like: torch.Tensor) -> torch.Tensor:
+    """Numpy / sequence targets as a tensor on the model's device (floats in its dtype, labels
+    as integers); tensors are left to the subclasses' target checks."""
+    if isinstance(y, torch.Tensor):
+        return y
+    y = torch.as_tensor(y, device=like.device)
+    return y.to(like.dtype) if y.is_floating_point() else y

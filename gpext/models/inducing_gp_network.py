@@ -312,10 +312,7 @@ class InducingGPNetwork(gpytorch.Module):
 
     # ------------------------------------------------------------------ objective (Eq. 5)
     def _check_x(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        like = self.gp.inducing_points
-        if self.input_transform is None and any(True for _ in self.embedding.parameters()):
-            like = next(self.embedding.parameters())  # the network's own dtype and device
-        return as_model_input(x, like, name)
+        return as_model_input(x, self.gp.inducing_points, name)  # the model's dtype and device
 
     def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._check_x(x, "InducingGPNetwork x")
