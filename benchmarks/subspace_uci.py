@@ -27,6 +27,22 @@ counts as one run over all the data sets and splits):
     python benchmarks/subspace_uci.py --datasets naval --first-split 10 --out /tmp/sub_b
     python benchmarks/subspace_uci.py --datasets boston concrete energy yacht --out /tmp/sub_c
     python benchmarks/subspace_uci.py --combine /tmp/sub_a /tmp/sub_b /tmp/sub_c
+
+Peer arms (issue 22; ``gpext_bench/methods_peers.py``), run beside the subspace methods on the
+same splits unless ``--methods`` names a subset: laplace-torch's Kronecker Laplace over all
+weights and full last-layer Laplace of a MAP network (prior precision and noise tuned by the
+marginal likelihood, GLM predictive), a 5-network deep ensemble and MultiSWAG. Parts may also
+split the methods (``--methods map_laplace_kron deep_ensemble --out /tmp/peers``) and be
+combined with the others. laplace-torch 0.3 is installed without torchvision (pip resolves a
+CUDA torchvision wheel, which breaks ``import laplace`` next to the CPU torch):
+
+    pip install -c constraints.txt --no-deps laplace-torch==0.3 asdfghjkl==0.1a4 \
+        backpack-for-pytorch curvlinops-for-pytorch einconv unfoldNd
+    pip install -c constraints.txt opt-einsum torchmetrics einops lightning-utilities
+
+Goals (issue 22): the best gpext method ahead of the best peer on at least 4 of the 5 sets and
+within one standard error of the paired difference on the fifth; ahead of drbayes's published
+test log-likelihood on 5 of 5; its coverage in [0.90, 0.98] on 5 of 5.
 """
 
 from __future__ import annotations
@@ -37,6 +53,7 @@ from pathlib import Path
 import torch
 from _common import RESULTS, base_parser, out_dir
 
+import gpext_bench.methods_peers  # noqa: F401  (registers the peer arms)
 import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
 from gpext.errors import InputDataError, expected_got
 from gpext_bench import (
@@ -59,6 +76,8 @@ METHODS = (
     "inkpca_vi",
     "fa_swag",
 )
+# issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
+PEER_METHODS = ("map_laplace_kron", "map_laplace_last_layer", "deep_ensemble", "multiswag")
 PROTOCOL = (
     "One heteroscedastic MLP (one hidden layer of 50 units) per split is trained on all training "
     "rows by SGD (momentum 0.9) with one of two recipes, chosen per split on validation rows: "
@@ -85,7 +104,17 @@ PROTOCOL = (
     "epochs), ESS burn-in 20, 200 VI steps. Metrics in original units on the test rows: RMSE, "
     "test log-likelihood (mean per point; mixture density for the sampling methods), 95% "
     "coverage, seconds (the final training run, the whole validation search, which every "
-    "method depends on, and the method's own time)."
+    "method depends on, and the method's own time). "
+    "Peers (issue 22; gpext_bench/methods_peers.py), on the same splits: "
+    "a homoscedastic MAP network of the same width (Adam 1e-3, batch 32, weight decay 1e-4, "
+    "early stopping on a 10% hold-out with patience 100 epochs, at most 1000; quick: 100 and "
+    "20) with laplace-torch 0.3's Kronecker-factored Laplace over all weights and full Laplace "
+    "over the last layer, prior precision and noise tuned jointly by the Laplace marginal "
+    "likelihood (300 Adam steps), GLM predictive plus noise; a deep ensemble of 5 such "
+    "networks, each with its held-out mean squared error as noise variance; MultiSWAG over 3 "
+    "SGD runs of the subspace methods' network and chosen recipe (the shared run and two more "
+    "seeds), 30 samples at scale 0.5. Paired differences: per split, the test LL of the "
+    "gpext method with the best mean minus that of the peer with the best mean."
 )
 SUBSPACE_METHODS = ("pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag")
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
@@ -99,7 +128,10 @@ PUBLISHED_LL = {
 
 
 def combine_parts(dirs: list[str | Path]) -> dict:
-    """Merge the per-split rows of several runs over disjoint (data set, split) pairs.
+    """Merge the per-split rows of several runs over disjoint (data set, split, method) triples.
+
+    Parts may split the work by data set, by split or by method (e.g. the peer arms run by
+    ``--methods`` in a process of their own on the same splits).
 
     Args:
         dirs: Folders holding a ``subspace_uci.json`` written by this script (``--out``).
@@ -111,7 +143,7 @@ def combine_parts(dirs: list[str | Path]) -> dict:
 
     Raises:
         InputDataError: If a file is missing or not a per-split result of this benchmark, two
-            parts hold the same (data set, split), the parts differ in quick mode, or the data
+            parts hold the same (data set, split, method), the parts differ in quick mode, or the data
             sets end up with different sets of splits.
     """
     if not dirs:
@@ -130,12 +162,13 @@ def combine_parts(dirs: list[str | Path]) -> dict:
                     str(path), "a subspace_uci result with per_split_rows", payload.get("benchmark")
                 )
             )
-        for key in sorted({(r["dataset"], r["split"]) for r in payload["per_split_rows"]}):
+        keys = {(r["dataset"], r["split"], r["method"]) for r in payload["per_split_rows"]}
+        for key in sorted(keys):
             if key in seen:
                 raise InputDataError(
                     expected_got(
                         "--combine parts",
-                        "disjoint (data set, split) pairs",
+                        "disjoint (data set, split, method) triples",
                         f"{key} in {seen[key]} and {d}",
                     )
                 )
@@ -149,7 +182,7 @@ def combine_parts(dirs: list[str | Path]) -> dict:
         failures += payload.get("failures", [])
         commands.append(payload["command"])
     per_set: dict[str, set] = {}
-    for ds, split in seen:
+    for ds, split, _ in seen:
         per_set.setdefault(ds, set()).add(split)
     if len({frozenset(v) for v in per_set.values()}) > 1:
         raise InputDataError(
@@ -170,11 +203,14 @@ def combine_parts(dirs: list[str | Path]) -> dict:
     }
 
 
-def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, dict, dict]:
-    """Aggregate table, goals and chosen-temperature counts of the per-split rows.
+def summarise(
+    rows: list[dict], datasets: list[str]
+) -> tuple[list[dict], dict, dict, dict, dict]:
+    """Aggregate table, goals, chosen-temperature counts and peer comparisons of the rows.
 
     Returns:
-        ``(table, goals, temperature_counts, recipe_counts)``;
+        ``(table, goals, temperature_counts, recipe_counts, paired)``; ``paired`` is
+        :func:`paired_differences` (empty without peer rows);
         ``temperature_counts[dataset][subspace]["e=.."]``
         counts the splits whose validation search chose that exponent, and
         ``recipe_counts[dataset]["drbayes"|"gpext"]`` those that chose that training recipe.
@@ -196,6 +232,15 @@ def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, 
         "best_subspace_method_beats_published_ll_on_3_of_5": beats >= 3,
         "best_subspace_method_coverage_in_[0.90,0.98]_on_4_of_5": covered >= 4,
     }
+    paired = paired_differences(rows, table, datasets)
+    if paired:
+        ahead = sum(p["mean_difference"] > 0 for p in paired.values())
+        within = sum(p["mean_difference"] > -p["difference_se"] for p in paired.values())
+        goals["best_gpext_ahead_of_best_peer_on_4_of_5_and_within_1se_on_5th"] = (
+            len(paired) == len(datasets) and ahead >= len(datasets) - 1 and within == len(datasets)
+        )
+        goals["best_gpext_beats_published_ll_on_5_of_5"] = beats == len(datasets) == 5
+        goals["best_gpext_coverage_in_[0.90,0.98]_on_5_of_5"] = covered == len(datasets) == 5
     # how often each grid point T = (N/rank)^e was chosen, per data set and subspace (the ESS
     # and VI methods of a subspace share the choice)
     temps: dict[str, dict[str, dict[str, int]]] = {}
@@ -214,7 +259,47 @@ def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, 
     for row in table:  # a mean over splits of T is meaningless; the counts above say it all
         for key in [k for k in row if k.startswith(("temperature", "drbayes_recipe"))]:
             row.pop(key)
-    return table, goals, temps, recipes
+    return table, goals, temps, recipes, paired
+
+
+def paired_differences(rows: list[dict], table: list[dict], datasets: list[str]) -> dict:
+    """Per data set: the gpext subspace method and the peer with the best mean test LL, and the
+    mean, standard error and sign count of their per-split differences (gpext minus peer).
+
+    Returns:
+        ``{dataset: {"gpext", "peer", "mean_difference", "difference_se", "splits_ahead",
+        "splits"}}``; data sets without both kinds of rows are left out.
+    """
+    out = {}
+    for ds in datasets:
+        mine = [r for r in table if r["dataset"] == ds and r["method"] in SUBSPACE_METHODS]
+        peers = [r for r in table if r["dataset"] == ds and r["method"] in PEER_METHODS]
+        if not mine or not peers:
+            continue
+        best = max(mine, key=lambda r: r["test_ll"])["method"]
+        peer = max(peers, key=lambda r: r["test_ll"])["method"]
+        by_split: dict[int, dict[str, float]] = {}
+        for r in rows:
+            if r["dataset"] == ds and r["method"] in (best, peer):
+                by_split.setdefault(r["split"], {})[r["method"]] = r["test_ll"]
+        diffs = [v[best] - v[peer] for v in by_split.values() if best in v and peer in v]
+        if not diffs:
+            continue
+        mean = sum(diffs) / len(diffs)
+        var = sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1)
+        out[ds] = {
+            "gpext": best,
+            "peer": peer,
+            "mean_difference": mean,
+            "difference_se": (var / len(diffs)) ** 0.5 if len(diffs) > 1 else float("nan"),
+            "splits_ahead": float(sum(d > 0 for d in diffs)),
+            "splits": float(len(diffs)),
+        }
+        print(
+            f"{ds}: {best} - {peer} = {mean:+.3f} (se {out[ds]['difference_se']:.3f}), "
+            f"ahead on {int(out[ds]['splits_ahead'])} of {len(diffs)} splits"
+        )
+    return out
 
 
 def main() -> None:
@@ -229,6 +314,13 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        choices=METHODS + PEER_METHODS,
+        help="run only these methods (default: all, the peer arms included)",
+    )
+    parser.add_argument(
         "--combine",
         nargs="+",
         default=None,
@@ -238,7 +330,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.combine:
-        if args.datasets is not None or args.splits is not None or args.quick or args.first_split:
+        if (
+            args.datasets is not None
+            or args.splits is not None
+            or args.quick
+            or args.first_split
+            or args.methods
+        ):
             parser.error("--combine takes its data sets, splits and quick mode from the parts")
         try:
             parts = combine_parts(args.combine)
@@ -257,8 +355,9 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
+        methods = args.methods or METHODS + PEER_METHODS
         run = run_benchmark(
-            datasets, METHODS, config=config, data_dir=args.data_dir, splits=indices
+            datasets, methods, config=config, data_dir=args.data_dir, splits=indices
         )
         for row in run.rows:  # seconds of the shared training run are counted for every method
             _, pred = run.predictions[(row["dataset"], row["method"], row["split"])]
@@ -272,7 +371,7 @@ def main() -> None:
         rows, failures = run.rows, run.failures
     for f in failures:
         print("FAILED", f)
-    table, goals, temps, recipes = summarise(rows, datasets)
+    table, goals, temps, recipes, paired = summarise(rows, datasets)
     columns = ["dataset", "method", "rmse", "test_ll", "coverage95", "seconds", "n"]
     print(format_markdown_table(table, [c for c in columns if any(c in r for r in table)]))
     for k, v in goals.items():
@@ -291,6 +390,7 @@ def main() -> None:
             "goals": goals,
             "chosen_temperature_exponents": temps,
             "chosen_recipes": recipes,
+            "paired_differences_vs_best_peer": paired,
             "published_ll": PUBLISHED_LL,
             "splits": splits,
             "first_split": 0 if args.combine else args.first_split,

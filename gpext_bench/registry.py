@@ -41,6 +41,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext_bench.methods_classification",
     "gpext_bench.methods_gwi",
     "gpext_bench.methods_subspace",
+    "gpext_bench.methods_peers",
 ]
 
 TASKS = ("regression", "classification")

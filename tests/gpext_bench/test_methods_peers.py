@@ -1,0 +1,104 @@
+"""The peer arms of benchmarks/subspace_uci.py (issue 22): MAP network, Laplace, ensembles."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpext_bench.data import load_dataset
+from gpext_bench.methods_peers import ENSEMBLE_SIZE, train_map_network
+from gpext_bench.registry import BenchConfig, get_method
+
+
+def test_map_network_noise_is_its_held_out_mse():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 2, dtype=torch.float64, generator=gen)
+    y = x[:, 0].sin() + 0.3 * torch.randn(200, dtype=torch.float64, generator=gen)
+    net, noise, epoch = train_map_network(x, y, seed=3, epochs=60, patience=10)
+    # the same hold-out the function draws (first 10% of a seeded permutation)
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(3))
+    val = perm[:20]
+    with torch.no_grad():
+        mse = float((net(x[val]).squeeze(-1) - y[val]).pow(2).mean())
+    assert noise == pytest.approx(mse, rel=1e-12)
+    assert 0 <= epoch < 60
+    # it learned something: the held-out error is well below Var(y) (sin has variance ~0.4)
+    assert noise < 0.5 * float(y.var())
+
+
+def test_map_network_keeps_its_best_epoch_with_early_stopping():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(60, 3, dtype=torch.float64, generator=gen)
+    y = torch.randn(60, dtype=torch.float64, generator=gen)  # pure noise: overfits quickly
+    _, noise_short, epoch_short = train_map_network(x, y, seed=0, epochs=400, patience=5)
+    assert epoch_short < 400 - 5  # stopped early
+    assert math.isfinite(noise_short)
+
+
+@pytest.mark.parametrize("method", ["deep_ensemble", "map_laplace_kron", "map_laplace_last_layer"])
+def test_peer_arms_predict_finite_gaussians(method):
+    if method.startswith("map_laplace"):
+        pytest.importorskip("laplace")
+    split = load_dataset("diabetes", 0)
+    config = BenchConfig(quick=True, dtype=torch.float64)
+    pred = get_method(method).fit_predict(split, config)
+    m = split.num_test
+    assert pred.mean.shape == (m,) and pred.variance.shape == (m,)
+    assert torch.isfinite(pred.mean).all() and (pred.variance > 0).all()
+    if method == "deep_ensemble":
+        assert pred.mixture_means.shape == (ENSEMBLE_SIZE, m)
+    else:
+        assert pred.info["prior_precision"] > 0 and pred.info["noise_sd"] > 0
+    # a sane regression fit on standardised diabetes targets (R^2 of a 1x50 net is ~0.4-0.5)
+    r2 = 1 - float((pred.mean - split.test_y).pow(2).mean() / split.test_y.var())
+    assert r2 > 0.2
+
+
+def test_paired_differences_against_the_best_peer():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import subspace_uci as bench
+
+    rows = []
+    for s, (a, b, c) in enumerate([(-1.0, -1.2, -1.5), (-1.1, -1.0, -1.6), (-0.9, -1.3, -1.4)]):
+        for method, ll in (("pca_ess", a), ("deep_ensemble", b), ("map_laplace_kron", c)):
+            rows.append(
+                {"dataset": "yacht", "method": method, "split": s, "test_ll": ll,
+                 "rmse": 1.0, "coverage95": 0.95, "seconds": 1.0}
+            )  # fmt: skip
+    table, goals, _, _, paired = bench.summarise(rows, ["yacht"])
+    p = paired["yacht"]
+    assert (p["gpext"], p["peer"]) == ("pca_ess", "deep_ensemble")
+    diffs = [0.2, -0.1, 0.4]
+    assert p["mean_difference"] == pytest.approx(sum(diffs) / 3)
+    sd = torch.tensor(diffs, dtype=torch.float64).std().item()
+    assert p["difference_se"] == pytest.approx(sd / math.sqrt(3))
+    assert p["splits_ahead"] == 2 and p["splits"] == 3
+    assert goals["best_gpext_ahead_of_best_peer_on_4_of_5_and_within_1se_on_5th"] is True
+    assert goals["best_gpext_beats_published_ll_on_5_of_5"] is False  # one data set only
+
+
+def test_combine_accepts_parts_that_split_the_methods(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import subspace_uci as bench
+
+    from gpext_bench import write_results
+
+    def part(name, methods):
+        rows = [
+            {"dataset": "yacht", "method": m, "split": s, "test_ll": -1.0, "rmse": 1.0,
+             "coverage95": 0.95, "seconds": 1.0}
+            for s in range(2) for m in methods
+        ]  # fmt: skip
+        write_results(
+            "subspace_uci", [], tmp_path / name, command=name,
+            extra={"quick": False, "failures": [], "per_split_rows": rows},
+        )  # fmt: skip
+        return tmp_path / name
+
+    a, b = part("a", ["pca_ess", "swag"]), part("b", ["deep_ensemble"])
+    parts = bench.combine_parts([a, b])
+    assert parts["splits"] == 2 and len(parts["rows"]) == 6
+    with pytest.raises(bench.InputDataError, match="disjoint"):
+        bench.combine_parts([a, part("c", ["swag"])])
