@@ -21,12 +21,8 @@ from gpext.fit import (
 )
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.models import _dirichlet_gp_solvers as solvers
-from gpext.utils import (
-    as_float_tensor,
-    check_finite,
-    check_labels,
-    check_positive_int,
-)
+from gpext.utils import check_labels, check_positive_int
+from gpext.utils.validation import as_fit_input, as_model_input, check_rows
 
 __all__ = ["DirichletGPClassifier"]
 
@@ -63,6 +59,15 @@ class DirichletGPClassifier(gpytorch.Module):
     0.099 at the optimum.)
     New labelled points are conditioned on with :meth:`get_fantasy_model` (fixed hyperparameters,
     a block update of the exact factor).
+
+    Inputs: ``fit`` takes tensors, numpy arrays or Python sequences and adopts the data's
+    dtype (float32 or float64; integers become the default dtype); prediction inputs are
+    converted to the fitted model's dtype and device, and a tensor of another floating dtype
+    or device is an :class:`~gpext.errors.InputTypeError`.  Save and restore: the state dict
+    holds everything prediction needs (the kernel built by ``fit``, the inducing points, the
+    class-sorted training data and the cached exact factor), so
+    ``DirichletGPClassifier(num_classes=C, ...)`` with the same constructor arguments followed
+    by ``load_state_dict`` predicts as the saved model did.
     Predictions: latent means/variances (:meth:`predict_latent`) and class probabilities
     :math:`\mathbb E[\mathrm{softmax}(\mathbf f)]` (Eq. 12) by Monte Carlo or the deterministic
     approximation of :class:`~gpext.likelihoods.DirichletTransform` (:meth:`predict_proba`).
@@ -154,12 +159,84 @@ class DirichletGPClassifier(gpytorch.Module):
 
     # ------------------------------------------------------------------------ fit
     def _check_x(self, x: object, name: str) -> torch.Tensor:
-        x = as_float_tensor(x, f"DirichletGPClassifier.{name}")
-        if x.dim() != 2:
-            raise ShapeError(
-                expected_got(f"DirichletGPClassifier.{name}", "shape (N, D)", tuple(x.shape))
+        """Training inputs: the model adopts their dtype (float32 or float64)."""
+        x = as_fit_input(x, f"DirichletGPClassifier.{name}")
+        return check_rows(x, f"DirichletGPClassifier.{name}")
+
+    def _check_test_x(self, x: object, name: str) -> torch.Tensor:
+        """Inputs after fit: the fitted model's dtype, device and number of features."""
+        train_x = self._train["x"]
+        x = as_model_input(x, train_x, f"DirichletGPClassifier.{name}")
+        return check_rows(x, f"DirichletGPClassifier.{name}", num_features=train_x.shape[-1])
+
+    # ---------------------------------------------------------------- save / restore
+    def get_extra_state(self) -> dict:
+        """Training data and cached factor: what prediction needs besides the parameters."""
+        if self._train is None:
+            return {"train": None}
+        t = self._train
+        return {
+            "train": {
+                "x": t["x"], "labels": t["labels"], "order": t["order"],
+                "offsets": list(t["offsets"]),
+            },
+            "a_inv": self._a_inv,
+            "fit_seconds": self.fit_seconds,
+        }  # fmt: skip
+
+    def set_extra_state(self, state: dict) -> None:
+        """Restore what :meth:`get_extra_state` saved."""
+        train = state.get("train")
+        if train is None:
+            self._train, self._a_inv = None, None
+            return
+        self._train = {
+            "x": train["x"], "labels": train["labels"], "order": train["order"],
+            "offsets": [int(o) for o in train["offsets"]],
+        }  # fmt: skip
+        self._a_inv = state.get("a_inv")
+        self.fit_seconds = state.get("fit_seconds")
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # build what fit creates (the default kernel, the inducing points) in the saved dtype,
+        # before the parameters are copied into it
+        means = state_dict.get(prefix + "class_means")
+        if means is not None and means.dtype != self.class_means.dtype:
+            self.to(dtype=means.dtype)
+        if means is not None:
+            self.to(device=means.device)
+        key = prefix + "kernel.base_kernel.raw_lengthscale"
+        if self.kernel is None and key in state_dict:
+            self.kernel = self._default_kernel(state_dict, prefix + "kernel.").to(
+                dtype=state_dict[key].dtype, device=state_dict[key].device
             )
-        return check_finite(x, f"DirichletGPClassifier.{name}")
+        z = state_dict.get(prefix + "inducing_points")
+        if z is not None and (
+            self.inducing_points is None or self.inducing_points.shape != z.shape
+        ):
+            self.inducing_points = torch.nn.Parameter(torch.zeros_like(z))
+        elif (
+            z is None and self.inducing_points is not None and prefix + "class_means" in state_dict
+        ):
+            self.inducing_points = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @staticmethod
+    def _default_kernel(state_dict, prefix: str) -> gpytorch.kernels.ScaleKernel:
+        """The kernel ``fit`` builds when none is given, shaped after a saved state dict."""
+
+        def prior(name: str) -> LogNormalPrior | None:
+            loc = state_dict.get(f"{prefix}{name}._buffered_loc")
+            scale = state_dict.get(f"{prefix}{name}._buffered_scale")
+            return None if loc is None else LogNormalPrior(loc.clone(), scale.clone())
+
+        d = state_dict[prefix + "base_kernel.raw_lengthscale"].shape[-1]
+        return gpytorch.kernels.ScaleKernel(
+            gpytorch.kernels.RBFKernel(
+                ard_num_dims=d, lengthscale_prior=prior("base_kernel.lengthscale_prior")
+            ),
+            outputscale_prior=prior("outputscale_prior"),
+        )
 
     def _loss(self) -> torch.Tensor:
         t = self._train
@@ -383,15 +460,7 @@ class DirichletGPClassifier(gpytorch.Module):
                 "on new points."
             )
         train_x, train_labels = self._train["x"], self._train["labels"]
-        x_new = self._check_x(inputs, "inputs").to(train_x)
-        if x_new.shape[-1] != train_x.shape[-1]:
-            raise ShapeError(
-                expected_got(
-                    "DirichletGPClassifier.get_fantasy_model inputs",
-                    f"{train_x.shape[-1]} features",
-                    x_new.shape[-1],
-                )
-            )
+        x_new = self._check_test_x(inputs, "get_fantasy_model(inputs)")
         y_new = check_labels(labels, self.num_classes, "DirichletGPClassifier.labels")
         if y_new.shape != x_new.shape[:1]:
             raise ShapeError(
@@ -441,7 +510,7 @@ class DirichletGPClassifier(gpytorch.Module):
         if self._train is None:
             raise NotFittedError("DirichletGPClassifier.predict_latent: call fit(x, y) first.")
         train_x = self._train["x"]
-        x = self._check_x(x, "x").to(train_x)
+        x = self._check_test_x(x, "predict_latent(x)")
         nv = self._noise_values(train_x.dtype)
         means, variances = [], []
         for xb in x.split(batch_size):

@@ -14,16 +14,20 @@ import torch
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 
 __all__ = [
+    "as_fit_input",
     "as_float_tensor",
     "as_model_input",
     "check_finite",
     "check_float_dtype",
     "check_labels",
+    "check_not_low_precision",
     "check_positive_int",
+    "check_rows",
     "check_shape",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def as_float_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -57,6 +61,107 @@ def as_float_tensor(x: object, name: str, dtype: torch.dtype | None = None) -> t
     if t.dtype not in _FLOAT_DTYPES:
         return t.to(torch.get_default_dtype())
     return t
+
+
+def check_not_low_precision(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Raise :class:`InputTypeError` for a float16 or bfloat16 tensor.
+
+    gpext's linear algebra (Cholesky factors, eigendecompositions, ``cdist``) needs at least
+    single precision, and half-precision inputs gave raw torch errors ("not implemented for
+    'Half'") deep inside the models.
+
+    Args:
+        x: The tensor to check.
+        name: Argument name used in the message.
+
+    Returns:
+        ``x`` unchanged.
+
+    Raises:
+        InputTypeError: If ``x`` is float16 or bfloat16.
+    """
+    if x.dtype in _LOW_PRECISION:
+        raise InputTypeError(
+            expected_got(
+                name, "float32 or float64 values", f"dtype {x.dtype}",
+                "Convert the data with x.float() (or x.double()) before calling.",
+            )
+        )  # fmt: skip
+    return x
+
+
+def as_fit_input(x: object, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Inputs of ``fit`` for a model that adopts the data's floating dtype.
+
+    Tensors of float32 or float64 are returned unchanged; integer tensors, numpy arrays and
+    (nested) Python sequences are converted (to ``dtype`` when given, else numpy's float64 /
+    float32 is kept and integers become the default dtype).  Half precision is an error.
+
+    Args:
+        x: The inputs.
+        name: Argument name used in messages.
+        dtype: Target dtype of converted (non-tensor or integer) inputs.
+
+    Returns:
+        A float32 or float64 tensor.
+
+    Raises:
+        InputTypeError: If ``x`` is not numeric, boolean, complex or float16 / bfloat16.
+    """
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise InputTypeError(expected_got(name, "a real-valued tensor", f"dtype {x.dtype}"))
+        check_not_low_precision(x, name)
+        if not x.is_floating_point():
+            return x.to(dtype or torch.get_default_dtype())
+        return x
+    t = as_float_tensor(x, name, dtype=dtype)
+    if t.dtype in _LOW_PRECISION:  # e.g. a numpy float16 array
+        t = t.to(dtype or torch.get_default_dtype())
+    return t
+
+
+def check_rows(
+    x: torch.Tensor, name: str, *, num_features: int | None = None, finite: bool = True
+) -> torch.Tensor:
+    """Check that ``x`` is a non-empty ``(N, D)`` matrix of finite values.
+
+    Args:
+        x: The tensor to check.
+        name: Argument name used in messages.
+        num_features: Required ``D`` (``None``: any).
+        finite: Also check that every entry is finite.
+
+    Returns:
+        ``x`` unchanged.
+
+    Raises:
+        ShapeError: If ``x`` is not 2-D or has another number of columns than ``num_features``.
+        InputDataError: If ``x`` has no rows or non-finite entries.
+    """
+    d = "D" if num_features is None else str(num_features)
+    if x.dim() != 2:
+        raise ShapeError(
+            expected_got(
+                name, f"shape (N, {d})", f"shape {tuple(x.shape)}",
+                "Pass one row per point (x.reshape(-1, 1) for a single feature).",
+            )
+        )  # fmt: skip
+    if num_features is not None and x.shape[1] != num_features:
+        raise ShapeError(
+            expected_got(
+                name,
+                f"shape (N, {d}): {d} features like the training inputs",
+                f"shape {tuple(x.shape)}",
+            )
+        )
+    if x.shape[0] == 0:
+        raise InputDataError(
+            expected_got(name, "at least one row", f"an empty tensor of shape {tuple(x.shape)}")
+        )
+    if finite:
+        check_finite(x, name)
+    return x
 
 
 def check_float_dtype(dtype: torch.dtype, name: str = "dtype") -> torch.dtype:
@@ -202,6 +307,7 @@ def as_model_input(x: object, like: torch.Tensor, name: str) -> torch.Tensor:
         raise InputTypeError(expected_got(name, "a real-valued tensor", f"dtype {x.dtype}"))
     if not x.is_floating_point():
         x = x.to(like.dtype)
+    check_not_low_precision(x, name)
     if x.dtype != like.dtype:
         raise InputTypeError(
             expected_got(

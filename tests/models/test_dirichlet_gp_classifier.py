@@ -276,3 +276,48 @@ def test_default_fit_records_a_healthy_result():
         warnings.simplefilter("error", gpext.errors.FitWarning)
         res = DirichletGPClassifier(10).fit(x, y)
     assert res.ok and res.losses[-1] < res.losses[0] and res is not None
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("fantasy", [False, True])
+def test_state_dict_round_trip_through_torch_save(sparse, fantasy, tmp_path):
+    # before: the kernel built inside fit, the training data and the factor were not in the
+    # state, so a fresh instance could not load it (unexpected keys) nor predict
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    kwargs = {"num_inducing": 8, "num_inducing_final": 12} if sparse else {}
+    clf = DirichletGPClassifier(3, **kwargs)
+    clf.fit(x, y, max_iter=5)
+    if fantasy:
+        clf = clf.get_fantasy_model(x[:3] + 0.1, y[:3])
+    test_x = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    mean, var = clf.predict_latent(test_x)
+    torch.save(clf.state_dict(), tmp_path / "clf.pt")
+    restored = DirichletGPClassifier(3, **kwargs)
+    restored.load_state_dict(torch.load(tmp_path / "clf.pt"))
+    mean2, var2 = restored.predict_latent(test_x)
+    assert restored.class_means.dtype == torch.float64 and restored.is_sparse == sparse
+    torch.testing.assert_close(mean2, mean, rtol=0, atol=0)
+    torch.testing.assert_close(var2, var, rtol=0, atol=0)
+    p = clf.predict_proba(test_x, method="approx")
+    torch.testing.assert_close(restored.predict_proba(test_x, method="approx"), p)
+
+
+def test_input_contract():
+    clf = DirichletGPClassifier(3)
+    y = torch.tensor([0, 1, 2, 1])
+    with pytest.raises(InputDataError, match="at least one row"):  # raw torch error before
+        clf.fit(torch.zeros(0, 2), y[:0])
+    with pytest.raises(InputTypeError, match="float32 or float64"):  # 'Half' not implemented
+        clf.fit(torch.zeros(4, 2, dtype=torch.float16), y)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 2, generator=g, dtype=torch.float64)
+    clf.fit(x.numpy(), (torch.arange(30) % 3).tolist(), max_iter=2)
+    assert clf.predict_latent(x[:3].tolist())[0].dtype == torch.float64
+    with pytest.raises(InputDataError, match="at least one row"):
+        clf.predict_latent(x[:0])
+    with pytest.raises(ShapeError, match="2 features"):  # raw matmul error before
+        clf.predict_latent(torch.zeros(3, 5, dtype=torch.float64))
+    with pytest.raises(InputTypeError, match="float64"):  # silently converted before
+        clf.predict_latent(x[:3].float())
