@@ -89,7 +89,10 @@ class InducingGPNetwork(gpytorch.Module):
     the minibatch loss of stochastic-gradient GP training (Chen et al. 2020, cited by 002):
     :math:`\tfrac{n}{b}\ell_B` estimates the full objective :math:`\ell` of Eq. 5, and dividing
     by :math:`n` gives :math:`\mathcal{L}_B`, the per-datum scale GPyTorch's MLLs use.
-    Predictions follow 002 Eq. 7 (:meth:`forward`, :meth:`predict`).
+    Predictions follow 002 Eq. 7 (:meth:`forward`, :meth:`predict`).  With a prior mean
+    :math:`m` (``mean_module``, beyond 002) every mean above becomes
+    :math:`m(g(x)) + K_{xZ}K_{ZZ}^{-1}(\mathbf r - m(Z))`, in the loss, the predictions,
+    :meth:`refit_pseudo_labels` and :meth:`calibrate_noise` alike.
 
     Tasks:
 
@@ -115,6 +118,13 @@ class InducingGPNetwork(gpytorch.Module):
         task: One of ``"regression"``, ``"binary"``, ``"one_vs_all"``, ``"dirichlet"``.
         num_classes: ``C`` for the multiclass tasks (2 for ``"binary"``).
         covar_module: Kernel on features (batch shape ``(C,)`` for the multiclass tasks).
+        mean_module: Prior mean :math:`m` of the GP on features (a GPyTorch mean of
+            ``(*, N, d)`` features, batch shape ``()`` or ``(C,)`` for the multiclass tasks;
+            default :class:`gpytorch.means.ZeroMean`, 002's model).  The pseudo-label function
+            becomes :math:`r(z) = m(z) + w^\top z + b`, so predictions are
+            :math:`m(g(x)) + K_{xZ}K_{ZZ}^{-1}(\mathbf r - m(Z))` (see
+            :class:`~gpext.variational.FeatureSpaceInducingGP`); its parameters are trained
+            with the GP's (``gp_lr``) and saved in the state dict.
         likelihood: The observation model: Gaussian for regression (default
             :class:`gpytorch.likelihoods.GaussianLikelihood`), probit Bernoulli for
             ``"binary"`` and ``"one_vs_all"`` (default
@@ -195,7 +205,8 @@ class InducingGPNetwork(gpytorch.Module):
         task: str = "regression",
         num_classes: int | None = None,
         covar_module: gpytorch.kernels.Kernel | None = None,
-        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
+        likelihood: gpytorch.likelihoods.Likelihood | None = None,
         dirichlet_transform: object | None = None,
         laplace: ProbitLaplace | None = None,
         input_transform: nn.Module | None = None,
@@ -254,6 +265,7 @@ class InducingGPNetwork(gpytorch.Module):
             batch_shape=heads,
             covar_module=covar_module,
             jitter=jitter,
+            mean_module=mean_module,
         )
         if task == "regression":
             self.likelihood = likelihood or gpytorch.likelihoods.GaussianLikelihood()
@@ -302,6 +314,16 @@ class InducingGPNetwork(gpytorch.Module):
             else nn.Sequential(self.input_transform, self.embedding)
         )
         return FeatureMapKernel(extractor, self.gp.covar_module)
+
+    @property
+    def mean_module(self) -> gpytorch.means.Mean:
+        """The prior mean on features (``self.gp.mean_module``; set it through the constructor)."""
+        return self.gp.mean_module
+
+    @property
+    def covar_module(self) -> gpytorch.kernels.Kernel:
+        """The kernel on features (``self.gp.covar_module``)."""
+        return self.gp.covar_module
 
     def _head_features(self, feats: torch.Tensor) -> torch.Tensor:
         return feats.unsqueeze(-3) if len(self.gp.batch_shape) else feats  # shape: (*, [1,] N, d)

@@ -11,13 +11,53 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import nn
 
-from gpext.errors import InputDataError, NumericalWarning, ShapeError, expected_got
+from gpext.errors import (
+    InputDataError,
+    InputTypeError,
+    NumericalWarning,
+    ShapeError,
+    expected_got,
+)
 from gpext.utils import check_finite, check_positive_int, safe_cholesky
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 __all__ = ["FeatureSpaceInducingGP"]
+
+
+def _check_mean_module(
+    mean_module: object, inducing_points: torch.Tensor, batch_shape: torch.Size
+) -> gpytorch.means.Mean:
+    """A prior mean on features whose output at ``Z`` has shape ``(*batch_shape, m)``."""
+    name = "FeatureSpaceInducingGP.mean_module"
+    if not isinstance(mean_module, gpytorch.means.Mean):
+        raise InputTypeError(
+            expected_got(name, "a gpytorch.means.Mean", type(mean_module).__name__,
+                         "Pass e.g. gpytorch.means.ConstantMean().")
+        )  # fmt: skip
+    expected = inducing_points.shape[:-1]
+    try:
+        with torch.no_grad():
+            shape = mean_module(inducing_points.to(_mean_dtype(mean_module))).shape
+        ok = torch.broadcast_shapes(shape, expected) == expected
+    except RuntimeError:
+        ok, shape = False, "an error"
+    if not ok:
+        raise ShapeError(
+            expected_got(
+                name, f"a mean of features (*, N, {inducing_points.shape[-1]}) with output "
+                f"shape broadcastable to {tuple(expected)} at the inducing points", shape,
+                f"Give it input size {inducing_points.shape[-1]} (the feature dimension) and "
+                f"a batch shape of () or {tuple(batch_shape)}.",
+            )
+        )  # fmt: skip
+    return mean_module
+
+
+def _mean_dtype(module: torch.nn.Module) -> torch.dtype:
+    param = next(iter(module.parameters()), None)
+    return torch.get_default_dtype() if param is None else param.dtype
 
 
 def _safe_cholesky(matrix: torch.Tensor, jitter: float, what: str) -> torch.Tensor:
@@ -62,6 +102,19 @@ class FeatureSpaceInducingGP(gpytorch.Module):
     :math:`\mathbf{r}` for fixed features, kernel and noise); it is not a trainable parameter,
     and with :math:`\boldsymbol{\delta} = 0` the model is that of 002.
 
+    Also beyond 002 (whose GP has mean zero), a prior mean :math:`m` on features
+    (``mean_module``, a GPyTorch mean): the pseudo-label function becomes
+    :math:`r(z) = m(z) + w^\top z + b`, so the linear part models the residual from the prior
+    mean, and the conditional mean is
+
+    .. math::
+
+        \mathbb{E}[\mathbf f] = m(G) + K_{GZ} K_{ZZ}^{-1}\big(\mathbf{r} - m(Z)\big)
+        = m(G) + K_{GZ} K_{ZZ}^{-1}\big(Z w + b + \boldsymbol\delta\big),
+
+    with the covariance unchanged.  The default :class:`gpytorch.means.ZeroMean` is 002's model
+    (and adds no computation).
+
     Several independent heads (e.g. one per class) are a batch: ``Z`` has shape
     ``(*batch_shape, m, d)`` and features ``(*, N, d)`` broadcast against ``batch_shape``.
 
@@ -74,10 +127,14 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         learn_inducing_points: Whether ``Z`` is a trainable parameter.
         jitter: Added to the diagonal of :math:`K_{ZZ}` (default
             ``gpytorch.settings.variational_cholesky_jitter``: 1e-4 float32, 1e-6 float64).
+        mean_module: Prior mean :math:`m` on features ``(*, N, d)``, with batch shape ``()``
+            or ``batch_shape`` (default :class:`gpytorch.means.ZeroMean`).
 
     Raises:
         InputDataError: If a size is not a positive integer.
-        ShapeError: If ``inducing_points`` has the wrong shape.
+        ShapeError: If ``inducing_points`` has the wrong shape, or ``mean_module`` does not map
+            them to shape ``(*batch_shape, m)``.
+        InputTypeError: If ``mean_module`` is not a :class:`gpytorch.means.Mean`.
 
     Example:
         >>> gp = FeatureSpaceInducingGP(num_inducing=16, feature_dim=4)
@@ -96,6 +153,7 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         inducing_points: torch.Tensor | None = None,
         learn_inducing_points: bool = True,
         jitter: float | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
     ) -> None:
         super().__init__()
         m = check_positive_int(num_inducing, "FeatureSpaceInducingGP.num_inducing")
@@ -133,6 +191,9 @@ class FeatureSpaceInducingGP(gpytorch.Module):
                 batch_shape=batch_shape,
             )
         self.covar_module = covar_module
+        if mean_module is None:
+            mean_module = gpytorch.means.ZeroMean(batch_shape=batch_shape)
+        self.mean_module = _check_mean_module(mean_module, inducing_points, batch_shape)
 
     @property
     def num_inducing(self) -> int:
@@ -145,10 +206,29 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         return gpytorch.settings.variational_cholesky_jitter.value(dtype)
 
     def pseudo_labels(self) -> torch.Tensor:
-        r"""The pseudo-labels :math:`\mathbf{r} = r(Z) + \boldsymbol{\delta} = Z w + b +
-        \boldsymbol{\delta}`, shape ``(*batch_shape, m)`` (:math:`\boldsymbol{\delta} = 0` in 002).
+        r"""The pseudo-labels :math:`\mathbf{r} = m(Z) + Z w + b + \boldsymbol{\delta}`.
+
+        Shape ``(*batch_shape, m)``; :math:`m = 0` and :math:`\boldsymbol{\delta} = 0` in 002.
         """
+        residual = self._residual_pseudo_labels()
+        prior = self.prior_mean(self.inducing_points)
+        return residual if prior is None else prior.to(residual) + residual
+
+    def _residual_pseudo_labels(self) -> torch.Tensor:
+        r""":math:`\mathbf r - m(Z) = Z w + b + \boldsymbol\delta`, shape ``(*batch_shape, m)``."""
         return self._linear_pseudo_labels() + self.pseudo_label_offset
+
+    def prior_mean(self, features: torch.Tensor) -> torch.Tensor | None:
+        """The prior mean :math:`m(G)` at features ``(*, N, d)``; ``None`` for a zero mean.
+
+        Returns:
+            Shape ``broadcast(*, batch_shape) + (N,)``, or ``None`` for
+            :class:`gpytorch.means.ZeroMean` (so that the zero mean adds no work and no
+            rounding).
+        """
+        if isinstance(self.mean_module, gpytorch.means.ZeroMean):
+            return None
+        return self.mean_module(features)
 
     def _linear_pseudo_labels(self) -> torch.Tensor:
         z = self.inducing_points
@@ -182,9 +262,13 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         chol = _safe_cholesky(kzz, self._jitter(kzz.dtype), "FeatureSpaceInducingGP K_ZZ")
         kzg = self.covar_module(z, features).to_dense()  # shape: (*b, m, N)
         a = torch.linalg.solve_triangular(chol, kzg, upper=False)  # shape: (*b, m, N)
-        r = self.pseudo_labels().to(features.dtype).unsqueeze(-1)  # shape: (*batch, m, 1)
+        # r - m(Z), shape: (*batch, m, 1)
+        r = self._residual_pseudo_labels().to(features.dtype).unsqueeze(-1)
         alpha = torch.linalg.solve_triangular(chol, r, upper=False)  # shape: (*batch, m, 1)
         mean = (a * alpha).sum(-2)  # shape: (*b, N)
+        prior = self.prior_mean(features)
+        if prior is not None:
+            mean = prior.to(mean) + mean
         return mean, a
 
     def forward(self, features: torch.Tensor) -> MultivariateNormal:
@@ -331,7 +415,11 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         design = torch.cat([features, features.new_ones(n, 1)], dim=-1)  # shape: (N, d + 1)
         gram = design.T @ design
         lam = ridge * gram.diagonal().mean()
-        t = targets.to(features).reshape(-1, n).T  # shape: (N, heads)
+        targets = targets.to(features)
+        prior = self.prior_mean(features)  # the linear function fits the residual y - m(g)
+        if prior is not None:
+            targets = targets - prior.to(features)
+        t = targets.reshape(-1, n).T  # shape: (N, heads)
         heads = max(1, self.batch_shape.numel())
         if t.shape[1] != heads:
             if t.shape[1] != 1:
@@ -378,6 +466,11 @@ class FeatureSpaceInducingGP(gpytorch.Module):
             \Big(\sum_i \frac{\tilde{\mathbf a}_i\tilde{\mathbf a}_i^\top}{v_i}
             + \rho I\Big)\boldsymbol{\alpha} = \sum_i \frac{\tilde{\mathbf a}_i y_i}{v_i}
             + \rho\,\boldsymbol\alpha_0, \qquad \mathbf{r} = L\boldsymbol{\alpha}.
+
+        With a prior mean :math:`m` (``mean_module``) the same holds for the residuals:
+        :math:`y_i` is replaced by :math:`y_i - m(\mathbf g_i)` (also in :math:`s_y^2`),
+        :math:`\mathbf r` by :math:`\mathbf r - m(Z)` and :math:`r(Z)` by its linear part
+        :math:`Zw + b`, and :math:`\mathbf r = m(Z) + L\boldsymbol\alpha`.
 
         ``ridge=0`` gives the unregularised weighted least-squares solution.  The system is
         accumulated over the batches in float64 (:math:`O(Nm^2)` time, :math:`O(m^2)` memory
@@ -434,6 +527,9 @@ class FeatureSpaceInducingGP(gpytorch.Module):
                         tuple(targets.shape),
                     )
                 )
+            prior = self.prior_mean(features)  # targets relative to the prior mean m(g)
+            if prior is not None:
+                targets = targets - prior.to(targets)
             kzg = self.covar_module(z, features).to_dense()  # shape: (*batch, m, B)
             a = torch.linalg.solve_triangular(chol, kzg, upper=False)  # shape: (*batch, m, B)
             kdiag = self.covar_module(features, diag=True)  # shape: (*batch, B)
@@ -462,9 +558,10 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         jitter = 1e-12 * float(gram.diagonal(dim1=-2, dim2=-1).abs().max().clamp_min(1e-300))
         factor = _safe_cholesky(gram, jitter, "FeatureSpaceInducingGP.solve_pseudo_labels")
         alpha = torch.cholesky_solve(rhs.unsqueeze(-1), factor)  # shape: (*batch, m, 1)
-        r = (chol.double() @ alpha).squeeze(-1).to(z)  # shape: (*batch, m)
+        r = (chol.double() @ alpha).squeeze(-1).to(z)  # r - m(Z), shape: (*batch, m)
         self.pseudo_label_offset.copy_(r - self._linear_pseudo_labels())
-        return r
+        prior = self.prior_mean(z)
+        return r if prior is None else prior.to(r) + r
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # state dicts saved before the offset existed load with delta = 0
