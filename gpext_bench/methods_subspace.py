@@ -30,7 +30,10 @@ least 20 epochs), keeping the collecting fraction (:meth:`TrainingRecipe.with_ep
 collecting over at least the last 20 epochs, so that the rank-20 subspaces exist (boston: 30
 epochs, collection from epoch 10; the others: 100 epochs, collection from epoch 50).
 
-The recipe is chosen per split on validation rows (:func:`recipe_candidates`,
+The recipes, the temperature grid and the recipe search are the library's
+(:class:`gpext.subspace.TrainingRecipe`, :func:`gpext.subspace.temperature_grid`,
+:func:`gpext.subspace.select_recipe`); this module only quick-scales them and scores the
+candidates. The recipe is chosen per split on validation rows (:func:`recipe_candidates`,
 :class:`RecipeSelection`): drbayes's recipe of the data set and the earlier gpext recipe each
 train a network on 90% of the training rows, and the one whose ESS model average reaches the
 higher validation log-likelihood (over both subspaces and the temperature grid below) is used.
@@ -80,10 +83,8 @@ equally weighted Gaussian mixture of the per-sample heteroscedastic predictions.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Sequence
 
 import gpytorch
 import torch
@@ -91,16 +92,24 @@ import torch
 from gpext.errors import GpextError, InputDataError, expected_got
 from gpext.nn import HeteroscedasticMLP
 from gpext.subspace import (
+    GPEXT_RECIPE,
     SWAG,
     InKPCASubspace,
     OnlineFactorAnalysis,
     OutputLikelihood,
     PCASubspace,
+    RecipeSelection,
     SubspaceModel,
+    TrainingRecipe,
     predict_weight_samples,
     regression_mixture_log_likelihood,
+    select_recipe,
+    temperature_grid,
     train_sgd_trajectory,
 )
+from gpext.subspace import recipe_candidates as _library_recipe_candidates
+from gpext.subspace import training_recipe as _library_training_recipe
+from gpext.subspace.tuning import TEMPERATURE_EXPONENTS
 from gpext.utils import check_positive_int
 from gpext_bench.data import DatasetSplit
 from gpext_bench.registry import BenchConfig, Prediction, register_method
@@ -132,91 +141,19 @@ _CACHE: dict[tuple, SubspaceRun] = {}
 MAX_GRAD_NORM = 10.0
 VI_BATCH_SIZE = 1000
 VALIDATION_FRACTION = 0.1
-TEMPERATURE_EXPONENTS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
 QUICK_EPOCH_DIVISOR = 10
 QUICK_MIN_COLLECTIONS = 20
 INKPCA_TARGET_POINTS = 100
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainingRecipe:
-    """SGD settings of the shared training run (momentum 0.9, gradient norm clipped to 10).
-
-    Attributes:
-        epochs: Total epochs.
-        batch_size: Mini-batch size (``None``: ``ceil(N / 10)``).
-        lr: Learning rate of the first ``collect_from`` epochs.
-        weight_decay: SGD weight decay.
-        collect_from: First collecting epoch (one collection per epoch from there on).
-        swa_lr: Constant rate of the collection phase; the rate is cosine-decayed from ``lr``
-            to it before (``None``: ``lr``, a constant rate throughout, as drbayes).
-    """
-
-    epochs: int
-    batch_size: int | None
-    lr: float
-    weight_decay: float
-    collect_from: int
-    swa_lr: float | None = None
-
-    def __post_init__(self) -> None:
-        check_positive_int(self.epochs, "TrainingRecipe.epochs")
-        if self.batch_size is not None:
-            check_positive_int(self.batch_size, "TrainingRecipe.batch_size")
-        if not 0 <= self.collect_from < self.epochs:
-            raise InputDataError(
-                expected_got(
-                    "TrainingRecipe.collect_from",
-                    f"in [0, epochs={self.epochs})",
-                    self.collect_from,
-                )
-            )
-        rates = (self.lr, self.lr if self.swa_lr is None else self.swa_lr)
-        if not all(math.isfinite(r) and r > 0 for r in rates) or not self.weight_decay >= 0:
-            raise InputDataError(
-                expected_got(
-                    "TrainingRecipe(lr, swa_lr, weight_decay)",
-                    "positive rates and a non-negative weight decay",
-                    (self.lr, self.swa_lr, self.weight_decay),
-                )
-            )
-
-    @property
-    def num_collections(self) -> int:
-        """Number of collections (one per epoch of the collection phase)."""
-        return self.epochs - self.collect_from
-
-    def with_epochs(self, epochs: int) -> TrainingRecipe:
-        """The same recipe over ``epochs`` epochs, collecting over the same fraction of them.
-
-        ``collect_from`` becomes ``round(collect_from * epochs / self.epochs)``, kept in
-        ``[0, epochs - 1]``; every other setting is unchanged.
-
-        Example:
-            >>> training_recipe("boston").with_epochs(30).collect_from
-            20
-        """
-        epochs = check_positive_int(epochs, "TrainingRecipe.with_epochs(epochs)")
-        start = min(max(round(self.collect_from * epochs / self.epochs), 0), epochs - 1)
-        return TrainingRecipe(
-            epochs, self.batch_size, self.lr, self.weight_decay, start, self.swa_lr
-        )
-
-
-# drbayes small-UCI recipes (000 Sec. IV-B; drbayes run_ucismall.sh / swag_regression.py)
-DRBAYES_RECIPES = {
-    "boston": TrainingRecipe(300, 30, 1e-3, 1e-1, 200),
-    "concrete": TrainingRecipe(1000, 100, 1e-3, 1e-2, 500),
-    "energy": TrainingRecipe(1000, 100, 1e-3, 1e-1, 500),
-    "naval": TrainingRecipe(1000, 100, 5e-4, 1e-4, 500),
-    "yacht": TrainingRecipe(1000, 30, 1e-3, 1e-1, 500),
-}
-# any other data set: the recipe of the earlier gpext protocol
-FALLBACK_RECIPE = TrainingRecipe(200, None, 1e-2, 1e-3, 100, swa_lr=5e-3)
+# the recipes live in the library (gpext.subspace.training_recipe); the benchmark's names
+FALLBACK_RECIPE = GPEXT_RECIPE
 
 
 def training_recipe(dataset: str, quick: bool = False) -> TrainingRecipe:
     """The training recipe of a data set (:data:`DRBAYES_RECIPES`, else the fallback).
+
+    :func:`gpext.subspace.training_recipe`, quick-scaled under ``quick``.
 
     Args:
         dataset: Data set name (``split.name``).
@@ -225,7 +162,7 @@ def training_recipe(dataset: str, quick: bool = False) -> TrainingRecipe:
             (20) epochs (boston: 30 epochs, collection from epoch 10).
 
     Returns:
-        The :class:`TrainingRecipe`.
+        The :class:`~gpext.subspace.TrainingRecipe`.
 
     Example:
         >>> training_recipe("naval").lr
@@ -233,33 +170,28 @@ def training_recipe(dataset: str, quick: bool = False) -> TrainingRecipe:
         >>> training_recipe("yacht", quick=True).epochs
         100
     """
-    recipe = DRBAYES_RECIPES.get(dataset, FALLBACK_RECIPE)
+    recipe = _library_training_recipe(dataset)
     return _quick_scaled(recipe) if quick else recipe
 
 
 def _quick_scaled(recipe: TrainingRecipe) -> TrainingRecipe:
-    recipe = recipe.with_epochs(max(recipe.epochs // QUICK_EPOCH_DIVISOR, 20))
     # at least QUICK_MIN_COLLECTIONS collections, so the rank-20 subspaces can be built
-    start = min(recipe.collect_from, max(recipe.epochs - QUICK_MIN_COLLECTIONS, 0))
-    return dataclasses.replace(recipe, collect_from=start)
+    return recipe.shortened(QUICK_EPOCH_DIVISOR, min_epochs=20,
+                            min_collections=QUICK_MIN_COLLECTIONS)  # fmt: skip
 
 
 def recipe_candidates(dataset: str, quick: bool = False) -> dict[str, TrainingRecipe]:
     """The training recipes the validation search chooses from for a data set.
 
-    ``"drbayes"`` (:data:`DRBAYES_RECIPES`) where drbayes ran the data set, and always
-    ``"gpext"`` (:data:`FALLBACK_RECIPE`, the earlier gpext protocol); both quick-scaled like
-    :func:`training_recipe` under ``quick``.
+    :func:`gpext.subspace.recipe_candidates` (``"drbayes"`` where drbayes ran the data set,
+    always ``"gpext"``), quick-scaled like :func:`training_recipe` under ``quick``.
 
     Example:
         >>> list(recipe_candidates("yacht")), list(recipe_candidates("kin8nm"))
         (['drbayes', 'gpext'], ['gpext'])
     """
-    out = {}
-    if dataset in DRBAYES_RECIPES:
-        out["drbayes"] = training_recipe(dataset, quick)
-    out["gpext"] = _quick_scaled(FALLBACK_RECIPE) if quick else FALLBACK_RECIPE
-    return out
+    out = _library_recipe_candidates(dataset)
+    return {k: _quick_scaled(r) for k, r in out.items()} if quick else out
 
 
 def inkpca_feed_every(num_collections: int, target: int = INKPCA_TARGET_POINTS) -> int:
@@ -329,20 +261,6 @@ class SubspaceRun:
         return sel.train_seconds + sel.selections[subspace].seconds
 
 
-class RecipeSelection:
-    """The validation choice between candidate training recipes for one split.
-
-    Attributes:
-        name: The chosen candidate (``"drbayes"`` or ``"gpext"``).
-        scores: Per candidate, the best validation log-likelihood (standardised units) of the
-            ESS model averages over both subspaces and the whole temperature grid.
-        seconds: Time of the whole search (every candidate's run and ESS grids).
-    """
-
-    def __init__(self, name: str, scores: dict[str, float], seconds: float) -> None:
-        self.name, self.scores, self.seconds = name, scores, seconds
-
-
 class TemperatureSelection:
     """The validation choice of the likelihood temperature for one subspace of a run.
 
@@ -358,43 +276,6 @@ class TemperatureSelection:
     def __init__(self, temperature, exponent, validation_ll, model, thetas, seconds) -> None:
         self.temperature, self.exponent, self.validation_ll = temperature, exponent, validation_ll
         self.model, self.thetas, self.seconds = model, thetas, seconds
-
-
-def temperature_grid(
-    num_train: int, rank: int, exponents: Sequence[float] = TEMPERATURE_EXPONENTS
-) -> list[float]:
-    r"""Geometric grid of likelihood temperatures around the drbayes default ``N / rank``.
-
-    .. math::
-
-        T_k = (N / r)^{e_k}
-
-    With the default exponents ``(-1, -0.5, ..., 2.5)`` the grid runs from ``r / N`` through 1
-    (the untempered posterior) and the drbayes default ``N / r`` to ``(N / r)^2.5``.
-
-    Args:
-        num_train: Number of training points ``N``.
-        rank: Subspace rank ``r``.
-        exponents: The exponents :math:`e_k` (at least one).
-
-    Returns:
-        The distinct temperatures, increasing.
-
-    Raises:
-        InputDataError: If ``exponents`` is empty or not finite.
-
-    Example:
-        >>> temperature_grid(400, 20, (0.0, 0.5, 1.0))
-        [1.0, 4.47213595499958, 20.0]
-    """
-    num_train = check_positive_int(num_train, "temperature_grid.num_train")
-    rank = check_positive_int(rank, "temperature_grid.rank")
-    exps = [float(e) for e in exponents]
-    if not exps or not all(math.isfinite(e) for e in exps):
-        raise InputDataError(
-            expected_got("temperature_grid.exponents", "one or more finite numbers", exponents)
-        )
-    return sorted({(num_train / rank) ** e for e in exps})
 
 
 class DelayedRBFInKPCA:
@@ -543,9 +424,8 @@ def _select_recipe(
     both subspaces and the whole temperature grid (:func:`select_temperature`); a subspace
     that cannot be built on a candidate's trajectory scores ``-inf`` there.
     """
-    t0 = time.perf_counter()
-    runs, scores = {}, {}
-    for name, recipe in candidates.items():
+
+    def score(name: str, recipe: TrainingRecipe) -> tuple[float, SubspaceRun]:
         run = _train_run(data, recipe, rank, seed, config)
         best = -math.inf
         for subspace in ("pca", "inkpca"):
@@ -554,9 +434,10 @@ def _select_recipe(
             except GpextError:
                 continue
             best = max([best, *(v for v in sel.validation_ll.values() if math.isfinite(v))])
-        runs[name], scores[name] = run, best
-    name = max(scores, key=lambda k: scores[k])
-    return name, runs[name], RecipeSelection(name, scores, time.perf_counter() - t0)
+        return best, run
+
+    search = select_recipe(candidates, score)
+    return search.name, search.results[search.name], search
 
 
 def _train_run(

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["TemperatureSelection"]
+__all__ = ["HyperparameterSelection", "TemperatureSelection"]
 
 
 class TemperatureSelection(NamedTuple):
@@ -28,3 +28,28 @@ class TemperatureSelection(NamedTuple):
     temperature: float
     samples: torch.Tensor | None
     scores: dict[float, float]
+
+
+class HyperparameterSelection(NamedTuple):
+    """What the held-out selections of :mod:`gpext.subspace.tuning` return.
+
+    The same layout as :class:`TemperatureSelection` (value, samples, scores), for any
+    hyperparameter: a noise variance, a prior scale, a SWAG covariance scale, a likelihood.
+
+    Attributes:
+        value: The chosen value (a number, or a name for a choice between likelihoods).
+        samples: The weight samples (``(S, D)``) or subspace samples (``(S, r)``) drawn at
+            that value, or ``None`` when the selection draws none.
+        scores: Held-out mean log predictive density of every candidate scored (higher is
+            better; ``-inf`` for a failed candidate). A search refined between grid points
+            (golden section) lists the grid and the refined point.
+        parameter: Which hyperparameter (``"noise_variance"``, ``"prior_std"``,
+            ``"swag_scale"``, ``"likelihood"``, ...).
+        details: Anything else the selection keeps (e.g. the winning likelihood object).
+    """
+
+    value: float | str
+    samples: torch.Tensor | None
+    scores: dict
+    parameter: str = ""
+    details: object = None

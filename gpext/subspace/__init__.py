@@ -8,10 +8,18 @@
 * Weight posteriors, one protocol (:class:`WeightPosterior`: ``mean``, ``sample``, ``log_prob``,
   ``covariance`` as a LinearOperator): :class:`SWAG`, :class:`OnlineFactorAnalysis` (004), both
   :class:`LowRankGaussianWeightPosterior`; mixtures :class:`WeightMixture`, :class:`MultiSWAG`.
+* Regression likelihoods: :class:`OutputLikelihood` (fixed, learned homoscedastic or
+  heteroscedastic Gaussian noise; categorical).
+* Recipes and held-out tuning: :class:`TrainingRecipe` and :func:`select_recipe`
+  (:data:`DRBAYES_RECIPES`, :data:`GPEXT_RECIPE`); :mod:`gpext.subspace.tuning`
+  (:func:`select_noise_variance`, :func:`select_swag_scale`, :func:`select_prior_std`,
+  :func:`select_likelihood`, :func:`temperature_grid`); a post-hoc start from a pretrained
+  network, :func:`collect_from_pretrained`.
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers.
 """
 
+from gpext.fit.temperature import HyperparameterSelection
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.bayesian_model_averaging import (
     classification_average,
@@ -27,11 +35,31 @@ from gpext.subspace.multi_swag import MultiSWAG
 from gpext.subspace.online_factor_analysis import OnlineFactorAnalysis
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.pca_subspace import PCASubspace
+from gpext.subspace.post_hoc import collect_from_pretrained, mean_negative_log_likelihood
 from gpext.subspace.randomized_svd import randomized_svd
 from gpext.subspace.sgd_trajectory import train_sgd_trajectory
 from gpext.subspace.subspace_model import SubspaceModel
 from gpext.subspace.swag import SWAG
+from gpext.subspace.training_recipe import (
+    DRBAYES_RECIPES,
+    GPEXT_RECIPE,
+    RecipeSelection,
+    TrainingRecipe,
+    recipe_candidates,
+    select_recipe,
+    training_recipe,
+)
 from gpext.subspace.trajectory_collector import TrajectoryCollector
+from gpext.subspace.tuning import (
+    regression_network,
+    select_by_validation,
+    select_likelihood,
+    select_noise_variance,
+    select_prior_std,
+    select_swag_scale,
+    temperature_grid,
+    validation_log_likelihood,
+)
 from gpext.subspace.weight_posterior import (
     LowRankGaussianWeightPosterior,
     WeightMixture,
@@ -39,6 +67,24 @@ from gpext.subspace.weight_posterior import (
 )
 
 __all__ = [
+    "DRBAYES_RECIPES",
+    "GPEXT_RECIPE",
+    "HyperparameterSelection",
+    "RecipeSelection",
+    "TrainingRecipe",
+    "collect_from_pretrained",
+    "mean_negative_log_likelihood",
+    "recipe_candidates",
+    "regression_network",
+    "select_by_validation",
+    "select_likelihood",
+    "select_noise_variance",
+    "select_prior_std",
+    "select_recipe",
+    "select_swag_scale",
+    "temperature_grid",
+    "training_recipe",
+    "validation_log_likelihood",
     "EllipticalSliceSampler",
     "FlatParameters",
     "InKPCASubspace",

@@ -11,7 +11,9 @@ from gpext.errors import InputDataError, ShapeError, expected_got
 
 __all__ = ["OutputLikelihood"]
 
-_KINDS = ("heteroscedastic_gaussian", "gaussian", "categorical")
+_KINDS = ("heteroscedastic_gaussian", "gaussian", "homoscedastic_gaussian", "categorical")
+#: Kinds with one constant noise variance read from :attr:`OutputLikelihood.noise_variance`.
+_CONSTANT_NOISE = ("gaussian", "homoscedastic_gaussian")
 
 
 class OutputLikelihood:
@@ -21,16 +23,28 @@ class OutputLikelihood:
       :math:`\sigma^2_n = \operatorname{softplus}(o_{n,2}) + \sigma^2_{\min}` (the convention of
       :class:`gpext.nn.HeteroscedasticMLP`).
     * ``"gaussian"``: one output column (or a vector), fixed noise variance ``noise_variance``.
+    * ``"homoscedastic_gaussian"``: as ``"gaussian"``, but the noise variance is learned:
+      :func:`~gpext.subspace.train_sgd_trajectory` sets it to the maximum-likelihood value
+      :math:`\hat\sigma^2` of the current network after every epoch (:meth:`fit_noise`), and
+      :func:`~gpext.subspace.select_noise_variance` tunes it on held-out rows afterwards;
+      ``noise_variance`` is its initial value.
     * ``"categorical"``: logits of shape ``(N, C)``, integer targets.
 
     .. math::
 
-        \log p(y \mid \mu, \sigma^2) = -\tfrac12 \log(2\pi\sigma^2) - \frac{(y - \mu)^2}{2\sigma^2}
+        \log p(y \mid \mu, \sigma^2) = -\tfrac12 \log(2\pi\sigma^2) - \frac{(y - \mu)^2}{2\sigma^2},
+        \qquad
+        \hat\sigma^2 = \arg\max_{\sigma^2} \sum_{n=1}^N \log p(y_n \mid \mu_n, \sigma^2)
+        = \frac1N \sum_{n=1}^N (y_n - \mu_n)^2
+
+    (the second: :meth:`fit_noise`, the learned noise of ``"homoscedastic_gaussian"``).
 
     Args:
-        kind: One of the three names above.
-        noise_variance: Noise variance of ``"gaussian"``.
-        min_variance: Variance floor :math:`\sigma^2_{\min}` of ``"heteroscedastic_gaussian"``.
+        kind: One of the four names above.
+        noise_variance: Noise variance of ``"gaussian"`` (fixed) and ``"homoscedastic_gaussian"``
+            (initial value).
+        min_variance: Variance floor :math:`\sigma^2_{\min}` of ``"heteroscedastic_gaussian"``
+            and of the learned noise of ``"homoscedastic_gaussian"``.
 
     Raises:
         InputDataError: On an unknown kind or a non-positive variance.
@@ -59,6 +73,11 @@ class OutputLikelihood:
         self.min_variance = float(min_variance)
 
     @property
+    def learns_noise(self) -> bool:
+        """Whether the noise variance is learned (``"homoscedastic_gaussian"``)."""
+        return self.kind == "homoscedastic_gaussian"
+
+    @property
     def is_regression(self) -> bool:
         """Whether the targets are real-valued."""
         return self.kind != "categorical"
@@ -83,7 +102,7 @@ class OutputLikelihood:
                     )
                 )
             return output[..., 0], F.softplus(output[..., 1]) + self.min_variance
-        if self.kind == "gaussian":
+        if self.kind in _CONSTANT_NOISE:
             mean = output[..., 0] if output.dim() >= 2 and output.shape[-1] == 1 else output
             return mean, torch.full_like(mean, self.noise_variance)
         raise InputDataError("OutputLikelihood.mean_variance: not defined for 'categorical'.")
@@ -116,6 +135,55 @@ class OutputLikelihood:
                 )
             )
         return -0.5 * (math.log(2 * math.pi) + var.log() + (target - mean) ** 2 / var)
+
+    @torch.no_grad()
+    def fit_noise(self, output: torch.Tensor, target: torch.Tensor) -> float:
+        r"""Set the noise variance to its maximum-likelihood value for fixed outputs.
+
+        .. math::
+
+            \hat\sigma^2 = \max\Big(\frac1N \sum_{n=1}^N (y_n - \mu_n)^2,\;
+            \sigma^2_{\min}\Big)
+
+        Args:
+            output: Raw network output. # shape: (N, 1) or (N,)
+            target: Targets. # shape: (N,)
+
+        Returns:
+            :math:`\hat\sigma^2` (also stored in :attr:`noise_variance`).
+
+        Raises:
+            InputDataError: For a kind without one constant noise variance, or non-finite
+                residuals.
+            ShapeError: If output and target disagree.
+        """
+        if self.kind not in _CONSTANT_NOISE:
+            raise InputDataError(
+                expected_got("OutputLikelihood.fit_noise", f"a kind in {_CONSTANT_NOISE}",
+                             self.kind, "A heteroscedastic network predicts its own noise.")
+            )  # fmt: skip
+        mean, _ = self.mean_variance(output)
+        if mean.shape != target.shape or mean.numel() == 0:
+            raise ShapeError(
+                expected_got(
+                    "OutputLikelihood.fit_noise(target)",
+                    f"shape {tuple(mean.shape)}, non-empty",
+                    tuple(target.shape),
+                )
+            )
+        value = float(((target.to(mean) - mean) ** 2).double().mean())
+        if not math.isfinite(value):
+            raise InputDataError(
+                "OutputLikelihood.fit_noise: non-finite residuals; check the network and targets."
+            )
+        self.noise_variance = max(value, self.min_variance, 1e-300)
+        return self.noise_variance
+
+    def __repr__(self) -> str:
+        extra = (
+            f", noise_variance={self.noise_variance:.4g}" if self.kind in _CONSTANT_NOISE else ""
+        )
+        return f"OutputLikelihood({self.kind!r}{extra})"
 
     def predictive_probs(self, output: torch.Tensor) -> torch.Tensor:
         """Class probabilities of a categorical output. # shape: (..., N, C)"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -52,11 +53,21 @@ def train_sgd_trajectory(
 
         \mathcal{L}(w) = -\frac1N \sum_n \log p(y_n \mid f_w(x_n)) + \frac{\lambda}{2}\|w\|^2
 
+    Learned homoscedastic noise (``OutputLikelihood("homoscedastic_gaussian")``): the noise
+    variance is learned jointly with the weights by block coordinate ascent on the
+    log-likelihood. The weights take SGD steps at the current :math:`\sigma^2`; after every
+    epoch :math:`\sigma^2` is set to its exact maximiser given the epoch's residuals,
+    :math:`\sigma^2 \leftarrow \frac{1}{N}\sum_n (y_n - \mu_n)^2` (each :math:`\mu_n` from
+    the forward pass of its mini-batch), and after training to the maximum-likelihood value of
+    the returned network on all training rows (:meth:`OutputLikelihood.fit_noise`); the
+    likelihood object is updated in place. This avoids a noise parameter under the optimiser's
+    weight decay and momentum, and it needs no extra forward passes during training.
+
     Args:
         module: The network (trained in place).
         x: Training inputs. # shape: (N, ...)
         y: Training targets. # shape: (N,)
-        likelihood: Output likelihood.
+        likelihood: Output likelihood (a ``"homoscedastic_gaussian"`` one is updated in place).
         epochs: Total epochs.
         swa_start: First collecting epoch (``< epochs``).
         lr: Initial learning rate.
@@ -129,6 +140,7 @@ def train_sgd_trajectory(
         )
     collector = TrajectoryCollector(module, max_deviations=max_deviations, collect_every=every)
     opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    learn_noise = likelihood.learns_noise
     module.train()
     for epoch in progress_bar(range(epochs), desc="SGD/SWA", show=show_progress):
         if epoch < swa_start:
@@ -140,10 +152,17 @@ def train_sgd_trajectory(
             rate = swa_lr
         for group in opt.param_groups:
             group["lr"] = rate
+        sq_residuals, rows = 0.0, 0
         for idx in minibatch_indices(
             n, bs, generator=generator, device=x.device, min_size=min_size
         ):
-            loss = -likelihood.log_prob(module(x[idx]), y[idx]).mean()
+            out = module(x[idx])
+            loss = -likelihood.log_prob(out, y[idx]).mean()
+            if learn_noise:
+                with torch.no_grad():
+                    mean, _ = likelihood.mean_variance(out)
+                    sq_residuals += float(((y[idx] - mean) ** 2).sum())
+                    rows += idx.shape[0]
             if not torch.isfinite(loss):
                 raise NumericalError(
                     f"train_sgd_trajectory: non-finite loss at epoch {epoch}; lower lr or check the data."
@@ -163,7 +182,13 @@ def train_sgd_trajectory(
                     w = collector.flat.flatten()
                     for obs in observers:
                         obs(w, dev)
+        if learn_noise and rows > 0 and math.isfinite(sq_residuals):
+            likelihood.noise_variance = max(sq_residuals / rows, likelihood.min_variance, 1e-300)
     module.eval()
+    if learn_noise:
+        with torch.no_grad():
+            out = torch.cat([module(x[i : i + 4096]) for i in range(0, n, 4096)])
+        likelihood.fit_noise(out, y)
     if likelihood.is_regression and y.dim() == 1:
         # a network that settled on the targets' mean must not pass silently
         sub = slice(0, min(n, 4096))

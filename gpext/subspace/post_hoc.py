@@ -1,0 +1,197 @@
+"""A post-hoc start: an SWA trajectory collected from a user's pretrained network."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
+from gpext.subspace.output_likelihood import OutputLikelihood
+from gpext.subspace.sgd_trajectory import train_sgd_trajectory
+from gpext.subspace.trajectory_collector import TrajectoryCollector
+from gpext.utils import check_positive_int
+
+__all__ = ["POST_HOC_LEARNING_RATES", "collect_from_pretrained", "mean_negative_log_likelihood"]
+
+#: Candidate constant rates of :func:`collect_from_pretrained`, tried largest first.
+POST_HOC_LEARNING_RATES = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
+
+
+@torch.no_grad()
+def mean_negative_log_likelihood(
+    module: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    likelihood: OutputLikelihood,
+    *,
+    batch_size: int = 4096,
+) -> float:
+    r""":math:`-\frac1N\sum_n \log p(y_n \mid f_w(x_n))` of a network in eval mode.
+
+    Args:
+        module: The network.
+        x: Inputs. # shape: (N, ...)
+        y: Targets. # shape: (N,)
+        likelihood: Output likelihood.
+        batch_size: Rows per forward pass.
+
+    Returns:
+        The mean negative log-likelihood.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        total = sum(
+            float(-likelihood.log_prob(module(x[i : i + batch_size]), y[i : i + batch_size]).sum())
+            for i in range(0, x.shape[0], batch_size)
+        )
+    finally:
+        module.train(was_training)
+    return total / x.shape[0]
+
+
+def collect_from_pretrained(
+    module: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    likelihood: OutputLikelihood,
+    *,
+    epochs: int = 20,
+    lr: float | None = None,
+    lr_candidates: Sequence[float] = POST_HOC_LEARNING_RATES,
+    tolerance: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    batch_size: int | None = None,
+    max_deviations: int = 20,
+    max_grad_norm: float | None = 10.0,
+    generator: torch.Generator | None = None,
+    **kwargs: Any,
+) -> TrajectoryCollector:
+    r"""Collect a short constant-rate SGD (SWA) trajectory starting from pretrained weights.
+
+    The post-hoc recipe: whatever optimiser trained ``module`` (Adam, L-BFGS, SGD with a
+    schedule), its weights :math:`w_0` are taken as a point in a good basin, and SGD with
+    momentum at a constant rate :math:`\eta` explores the basin around it for ``epochs``
+    epochs, one collection per epoch (Maddox et al. 2019 start SWAG from pretrained networks in
+    the same way):
+
+    .. math::
+
+        w_{t+1} = w_t - \eta\, \big(\nabla \mathcal L(w_t) + \text{momentum}\big), \qquad
+        \mathcal L(w) = -\frac1B \sum_{n \in \mathcal B} \log p(y_n \mid f_w(x_n))
+            + \frac{\lambda}{2}\|w\|^2 .
+
+    The rate matters most: too small and the trajectory has no spread, too large and it
+    leaves the basin. With ``lr=None`` it is the largest of ``lr_candidates`` whose one-epoch
+    trial (on a copy, from :math:`w_0`, with the same mini-batch order) ends with a mean
+    training negative log-likelihood at most ``tolerance`` nats per point above that of
+    :math:`w_0`, :math:`\mathcal L_1(\eta) \le \mathcal L(w_0) + \text{tolerance}`
+    (:func:`mean_negative_log_likelihood`); the smallest candidate if none passes. Then the
+    collecting run starts again from :math:`w_0` (``module`` is trained in place). For a
+    ``"homoscedastic_gaussian"`` likelihood the noise is first set to the maximum-likelihood
+    value of :math:`w_0` (:meth:`OutputLikelihood.fit_noise`) and then learned as in
+    :func:`~gpext.subspace.train_sgd_trajectory`. Build SWAG
+    (:meth:`SWAG.from_trajectory <gpext.subspace.SWAG.from_trajectory>`), a PCA subspace or
+    any other weight posterior from the returned collector, and tune it on held-out rows
+    (:mod:`gpext.subspace.tuning`).
+
+    Args:
+        module: The pretrained network (trained in place).
+        x: Training inputs. # shape: (N, ...)
+        y: Training targets. # shape: (N,)
+        likelihood: Output likelihood of the network.
+        epochs: Collecting epochs (at least 2; 20 gives the 20 deviations of a rank-20
+            subspace).
+        lr: Constant rate :math:`\eta` (``None``: chosen as above).
+        lr_candidates: Rates tried when ``lr`` is ``None``.
+        tolerance: Allowed increase of the mean training NLL after one epoch (nats per point).
+        momentum: SGD momentum.
+        weight_decay: :math:`\lambda` (0: the pretrained objective may have had none).
+        batch_size: Mini-batch size (default ``ceil(N / 10)``).
+        max_deviations: Deviation buffer size ``K``.
+        max_grad_norm: Gradient clipping norm (``None``: none).
+        generator: Random generator of the mini-batch order.
+        **kwargs: Passed to :func:`~gpext.subspace.train_sgd_trajectory` (``observers``,
+            ``step_observers``, ``collect_every``, ``show_progress``).
+
+    Returns:
+        The :class:`~gpext.subspace.TrajectoryCollector` (``collector.post_hoc_lr`` holds
+        :math:`\eta`).
+
+    Raises:
+        InputDataError: For ``epochs < 2``, a non-positive rate or tolerance.
+        ShapeError: If ``x`` and ``y`` differ in rows.
+        NumericalError: If the pretrained network's training NLL is not finite.
+
+    Example:
+        >>> net = MLP(3, [50], 1)  # doctest: +SKIP
+        >>> ...  # train it with Adam  # doctest: +SKIP
+        >>> lik = OutputLikelihood("homoscedastic_gaussian")  # doctest: +SKIP
+        >>> traj = collect_from_pretrained(net, x, y, lik)  # doctest: +SKIP
+        >>> swag = SWAG.from_trajectory(traj)  # doctest: +SKIP
+    """
+    epochs = check_positive_int(epochs, "collect_from_pretrained.epochs", minimum=2)
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ShapeError(
+            expected_got("collect_from_pretrained(x, y)", "equal, non-zero numbers of rows",
+                         (tuple(x.shape), tuple(y.shape)))
+        )  # fmt: skip
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
+        raise InputDataError(
+            expected_got("collect_from_pretrained.tolerance", "a number > 0", tolerance)
+        )
+    rates = [float(r) for r in ([lr] if lr is not None else lr_candidates)]
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise InputDataError(
+            expected_got("collect_from_pretrained.lr / lr_candidates", "positive rates",
+                         lr if lr is not None else lr_candidates)
+        )  # fmt: skip
+    if likelihood.learns_noise:
+        with torch.no_grad():
+            module.eval()
+            likelihood.fit_noise(torch.cat([module(x[i : i + 4096])
+                                            for i in range(0, x.shape[0], 4096)]), y)  # fmt: skip
+    common = {
+        "momentum": momentum,
+        "weight_decay": weight_decay,
+        "batch_size": batch_size,
+        "max_grad_norm": max_grad_norm,
+    }
+    if lr is None:
+        start_nll = mean_negative_log_likelihood(module, x, y, likelihood)
+        if not math.isfinite(start_nll):
+            raise NumericalError(
+                "collect_from_pretrained: the pretrained network's training NLL is not finite; "
+                "check the network, the data and the likelihood."
+            )
+        chosen = min(rates)
+        seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
+        for rate in sorted(rates, reverse=True):
+            trial, trial_lik = copy.deepcopy(module), copy.deepcopy(likelihood)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    train_sgd_trajectory(
+                        trial, x, y, trial_lik, epochs=1, swa_start=0, lr=rate, swa_lr=rate,
+                        generator=torch.Generator(device="cpu").manual_seed(seed),
+                        show_progress=False, **common,
+                    )  # fmt: skip
+            except NumericalError:
+                continue
+            if mean_negative_log_likelihood(trial, x, y, trial_lik) <= start_nll + tolerance:
+                chosen = rate
+                break
+        lr = chosen
+    traj = train_sgd_trajectory(
+        module, x, y, likelihood, epochs=epochs, swa_start=0, lr=lr, swa_lr=lr,
+        max_deviations=max_deviations, generator=generator, **common, **kwargs,
+    )  # fmt: skip
+    traj.post_hoc_lr = float(lr)
+    return traj
