@@ -4,7 +4,8 @@
   SGD trajectory; :class:`FlatParameters`: functional evaluation at flat weights (``torch.func``);
   :func:`refresh_batch_norm`.
 * Subspaces: :class:`PCASubspace` (:func:`randomized_svd`), :class:`InKPCASubspace`
-  (incremental kernel PCA, 000).
+  (incremental kernel PCA, 000), :class:`CurveSubspace` (the plane of a trained Bezier curve
+  between two solutions, :func:`bezier_point`) and :class:`RandomSubspace` (the control).
 * Weight posteriors, one protocol (:class:`WeightPosterior`: ``mean``, ``sample``, ``log_prob``,
   ``covariance`` as a LinearOperator): :class:`SWAG`, :class:`OnlineFactorAnalysis` (004), both
   :class:`LowRankGaussianWeightPosterior`; mixtures :class:`WeightMixture`, :class:`MultiSWAG`.
@@ -27,6 +28,7 @@ from gpext.subspace.bayesian_model_averaging import (
     regression_mixture_log_likelihood,
     regression_mixture_moments,
 )
+from gpext.subspace.curve_subspace import CurveSubspace, bezier_point
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.inkpca_subspace import InKPCASubspace
@@ -36,6 +38,7 @@ from gpext.subspace.online_factor_analysis import OnlineFactorAnalysis
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.pca_subspace import PCASubspace
 from gpext.subspace.post_hoc import collect_from_pretrained, mean_negative_log_likelihood
+from gpext.subspace.random_subspace import RandomSubspace
 from gpext.subspace.randomized_svd import randomized_svd
 from gpext.subspace.sgd_trajectory import train_sgd_trajectory
 from gpext.subspace.subspace_model import SubspaceModel
@@ -67,6 +70,9 @@ from gpext.subspace.weight_posterior import (
 )
 
 __all__ = [
+    "CurveSubspace",
+    "RandomSubspace",
+    "bezier_point",
     "DRBAYES_RECIPES",
     "GPEXT_RECIPE",
     "HyperparameterSelection",
