@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -37,7 +38,8 @@ from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
 from gpext.subspace.output_likelihood import OutputLikelihood
-from gpext.utils import check_finite, check_positive_int
+from gpext.utils import check_finite, check_labels, check_positive_int
+from gpext.utils.validation import as_model_input
 
 __all__ = ["SubspaceModel"]
 
@@ -62,7 +64,17 @@ class SubspaceModel(nn.Module):
 
     with reparameterised samples and Adam; :meth:`predict` returns per-sample predictions for
     Bayesian model averaging. The network is evaluated functionally (``torch.func``) in eval
-    mode; its own parameters and buffers are not changed.
+    mode; its own parameters, buffers and train/eval mode are not changed (the mode is
+    switched only while the network is evaluated, and restored afterwards).
+
+    Inputs: ``x`` and ``y`` may be tensors, numpy arrays or Python sequences; floating inputs
+    are converted to (or must be, for tensors) the dtype and device of ``center``, integer
+    tensors are passed to the network as they are (e.g. token indices), and empty, non-finite
+    or half-precision inputs, inputs the network cannot evaluate, or a row count that differs
+    from ``y``'s are gpext errors.  Save and restore: the state dict holds the network, the
+    subspace, the fitted variational ``q`` (after :meth:`fit_vi`), the batch-norm statistics at
+    the centre, the temperature and ``variance_scale``; a new instance built the same way
+    (same network architecture, centre and projection shapes) loads it.
 
     Batch norm: the network's running statistics are those of the last SGD iterate, not of the
     centre :math:`\hat w` around which the posterior lives. For a network with batch norm,
@@ -99,7 +111,9 @@ class SubspaceModel(nn.Module):
     ) -> None:
         super().__init__()
         self.flat = FlatParameters(module)
-        self.module = module.eval()
+        # the user's network keeps its train/eval mode: it is switched to eval mode only while
+        # it is evaluated (log_likelihood, predict) and restored afterwards
+        self.module = module
         d = self.flat.num_parameters
         self.flat.check_vector(center, "SubspaceModel.center")
         if projection.dim() != 2 or projection.shape[-1] != d or projection.shape[0] < 1:
@@ -189,7 +203,8 @@ class SubspaceModel(nn.Module):
         Returns:
             Scalar tensor.
         """
-        out = self.flat.functional_call(self.weights(theta), x, buffers=self.bn_buffers)
+        with _eval_mode(self.module):
+            out = self.flat.functional_call(self.weights(theta), x, buffers=self.bn_buffers)
         return self.likelihood.log_prob(out, y).sum()
 
     def sample_ess(
@@ -219,7 +234,7 @@ class SubspaceModel(nn.Module):
         Returns:
             Samples. # shape: (S, r)
         """
-        self._check_data(x, y)
+        x, y = self._check_data(x, y)
         self.refresh_batch_norm(x)
         sampler = EllipticalSliceSampler(
             lambda t: self.log_likelihood(t, x, y) / self.temperature,
@@ -257,6 +272,7 @@ class SubspaceModel(nn.Module):
         """
         if not self.likelihood.is_regression:
             return True
+        x, y = self._check_data(x, y)
         sub = slice(0, min(x.shape[0], max_points))
         with torch.no_grad():
             means = self.predict(x[sub], thetas)["means"].mean(0)
@@ -336,8 +352,8 @@ class SubspaceModel(nn.Module):
                 ``method``.
             ShapeError: If inputs and targets disagree.
         """
-        self._check_data(x, y)
-        self._check_data(x_val, y_val)
+        x, y = self._check_data(x, y)
+        x_val, y_val = self._check_data(x_val, y_val, "x_val", "y_val")
         if method not in ("ess", "vi"):
             raise InputDataError(
                 expected_got("SubspaceModel.select_temperature.method", "'ess' or 'vi'", method)
@@ -443,12 +459,12 @@ class SubspaceModel(nn.Module):
             InputDataError: For a classification likelihood or non-finite data.
             ShapeError: If inputs and targets disagree.
         """
-        self._check_data(x_val, y_val)
         if not self.likelihood.is_regression:
             raise InputDataError(
                 expected_got("SubspaceModel.calibrate_variance", "a regression likelihood",
                              self.likelihood.kind)
             )  # fmt: skip
+        x_val, y_val = self._check_data(x_val, y_val, "x_val", "y_val")
         self.variance_scale = self._best_variance_scale(x_val, y_val, thetas)[0]
         return self.variance_scale
 
@@ -536,7 +552,7 @@ class SubspaceModel(nn.Module):
                 ``check_tol`` (raise ``num_steps`` or ``num_mc``).
         """
         start = time.perf_counter()
-        self._check_data(x, y)
+        x, y = self._check_data(x, y)
         self.refresh_batch_norm(x)
         what = "SubspaceModel.fit_vi"
         num_steps = check_positive_int(num_steps, f"{what}.num_steps")
@@ -833,12 +849,19 @@ class SubspaceModel(nn.Module):
             BatchNormWarning: For a batch-norm network predicted with neither ``bn_inputs`` nor
                 statistics at the centre (no ESS or VI run yet, no :meth:`refresh_batch_norm`).
         """
-        if thetas.dim() != 2:
+        thetas = as_model_input(thetas, self.center, "SubspaceModel.predict(thetas)")
+        if thetas.dim() != 2 or thetas.shape[-1] != self.rank or thetas.shape[0] == 0:
             raise ShapeError(
                 expected_got(
-                    "SubspaceModel.predict(thetas)", f"shape (S, {self.rank})", tuple(thetas.shape)
+                    "SubspaceModel.predict(thetas)", f"shape (S, {self.rank}), S >= 1",
+                    tuple(thetas.shape),
                 )
-            )
+            )  # fmt: skip
+        check_finite(thetas, "SubspaceModel.predict(thetas)")
+        x = self._check_inputs(x, "SubspaceModel.predict(x)")
+        self._probe(x, "SubspaceModel.predict(x)")
+        if bn_inputs is not None:
+            bn_inputs = self._check_inputs(bn_inputs, "SubspaceModel.predict(bn_inputs)")
         out = predict_weight_samples(
             self.module,
             self.weights(thetas),
@@ -847,21 +870,125 @@ class SubspaceModel(nn.Module):
             bn_inputs=bn_inputs,
             buffers=self.bn_buffers,
         )
+        first = out["means"] if "means" in out else out["probs"]
+        if first.dim() != (2 if "means" in out else 3) or first.shape[1] != x.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    "SubspaceModel.predict(x)", f"one prediction per row of x ({x.shape[0]})",
+                    f"predictions of shape {tuple(first.shape[1:])} for x of shape "
+                    f"{tuple(x.shape)}", "Pass x with one point per row, as in training.",
+                )
+            )  # fmt: skip
         if "variances" in out and self.variance_scale != 1.0:
             out["variances"] = out["variances"] * self.variance_scale
         return out
 
-    def _check_data(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+    def _check_inputs(self, x: object, name: str) -> torch.Tensor:
+        """Network inputs ``(N, ...)``: converted, non-empty, finite, in the model's dtype."""
+        if isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.dtype == torch.bool):
+            if x.is_complex():
+                raise InputDataError(expected_got(name, "real-valued inputs", f"dtype {x.dtype}"))
+            x = x.to(self.center.device)  # integer inputs (e.g. indices) go to the network as is
+        else:
+            x = as_model_input(x, self.center, name)
+        if x.dim() == 0 or x.shape[0] == 0:
+            raise InputDataError(
+                expected_got(name, "at least one row, shape (N, ...)", f"shape {tuple(x.shape)}")
+            )
+        if x.is_floating_point():
+            check_finite(x, name)
+        return x
+
+    def _probe(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """Evaluate the network at the centre on the first rows of ``x``; gpext errors if it fails."""
+        # one cheap forward pass on two rows at the centre: a network that cannot take these
+        # inputs, or outputs that do not fit the targets, fail here with a gpext error
+        rows = min(2, x.shape[0])
+        try:
+            with torch.no_grad(), _eval_mode(self.module):
+                out = self.flat.functional_call(self.center, x[:rows], buffers=self.bn_buffers)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            raise InputDataError(
+                expected_got(
+                    name, "inputs the network can evaluate",
+                    f"shape {tuple(x.shape)}, dtype {x.dtype}; the network raised: {err}",
+                    "Pass inputs shaped (N, ...) like those the network was trained on.",
+                )
+            ) from err  # fmt: skip
+        if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
             raise ShapeError(
                 expected_got(
-                    "SubspaceModel(x, y)",
+                    name, "one network output per row",
+                    f"output of shape {tuple(getattr(out, 'shape', ()))} for {rows} rows of "
+                    f"x of shape {tuple(x.shape)}", "Pass one point per row of x.",
+                )
+            )  # fmt: skip
+        return out
+
+    def _check_data(
+        self, x: object, y: object, x_name: str = "x", y_name: str = "y"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training (or validation) data: converted and checked, with a probe of the network."""
+        x = self._check_inputs(x, f"SubspaceModel({x_name})")
+        what = f"SubspaceModel({y_name})"
+        if self.likelihood.is_regression:
+            y = as_model_input(y, self.center, what)
+        else:
+            y = check_labels(y, None, what).to(self.center.device)
+        if y.dim() == 0 or x.shape[0] != y.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    f"SubspaceModel({x_name}, {y_name})",
                     "equal, non-zero numbers of rows",
                     (tuple(x.shape), tuple(y.shape)),
                 )
             )
-        check_finite(x, "SubspaceModel(x)")
-        check_finite(y, "SubspaceModel(y)")
+        if y.is_floating_point():
+            check_finite(y, what)
+        out = self._probe(x, f"SubspaceModel({x_name})")
+        if not self.likelihood.is_regression:
+            check_labels(y, out.shape[-1], what)
+        elif y.dim() != 1:
+            raise ShapeError(expected_got(what, f"shape ({x.shape[0]},)", tuple(y.shape)))
+        return x, y
+
+    # ---------------------------------------------------------------- save / restore
+    def get_extra_state(self) -> dict:
+        """Fitted state outside the parameters: temperature, variance scale, BN statistics."""
+        return {
+            "temperature": self.temperature,
+            "prior_std": self.prior_std,
+            "variance_scale": self.variance_scale,
+            "bn_buffers": self.bn_buffers,
+        }
+
+    def set_extra_state(self, state: dict) -> None:
+        """Restore what :meth:`get_extra_state` saved."""
+        self.temperature = float(state["temperature"])
+        self.prior_std = float(state["prior_std"])
+        self.variance_scale = float(state["variance_scale"])
+        self.bn_buffers = state["bn_buffers"]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # the variational q exists only after fit_vi: build (or drop) it before loading
+        loc = state_dict.get(prefix + "variational.loc")
+        if loc is not None and self.variational is None:
+            self.variational = MeanFieldGaussian(loc.shape[0], dtype=loc.dtype).to(loc.device)
+        elif loc is None and self.variational is not None and prefix + "center" in state_dict:
+            self.variational = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module):
+    """Switch ``module`` to eval mode and restore every submodule's own mode afterwards."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 class _WhitenedGaussian(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpext.errors import InputDataError, NotFittedError, NumericalError, ShapeError
+from gpext.errors import InputDataError, InputTypeError, NotFittedError, NumericalError, ShapeError
 from gpext.subspace import (
     EllipticalSliceSampler,
     MeanFieldGaussian,
@@ -313,3 +313,64 @@ class TestSelectTemperature:
         zero = SubspaceModel(model.module, flat[0], model.projection, model.likelihood)
         with pytest.warns(VarianceCollapseWarning, match="SubspaceModel"):
             assert not zero.check_fit(x, y, torch.zeros(4, 3, dtype=torch.float64))
+
+
+class TestSaveRestoreAndInputContract:
+    def test_network_keeps_its_mode(self):
+        # before: the constructor switched the user's network to eval mode for good
+        model, x, y, *_ = _linear_problem(torch.float64)
+        net = nn.Sequential(nn.Linear(5, 4), nn.Dropout(0.5), nn.Linear(4, 1)).double()
+        from gpext.subspace import FlatParameters
+
+        flat = FlatParameters(net)
+        proj = torch.randn(2, flat.num_parameters, dtype=torch.float64)
+        sub = SubspaceModel(net, flat.flatten(), proj, OutputLikelihood("gaussian"))
+        assert net.training and all(m.training for m in net.modules())
+        sub.fit_vi(x, y, num_steps=5, check_samples=0)
+        thetas = sub.sample_vi(4, generator=torch.Generator().manual_seed(0))
+        out = sub.predict(x, thetas)["means"]
+        assert net.training and all(m.training for m in net.modules())
+        # evaluated in eval mode all the same: dropout is off, predictions are deterministic
+        torch.testing.assert_close(sub.predict(x, thetas)["means"], out, rtol=0, atol=0)
+
+    def test_state_after_fit_vi_round_trips_through_torch_save(self, tmp_path):
+        # before: 'variational.*' were unexpected keys for a new instance, and the temperature
+        # and variance scale were lost
+        model, x, y, *_ = _linear_problem(torch.float64)
+        model.fit_vi(x, y, num_steps=20, check_samples=0)
+        model.variance_scale = 2.5
+        torch.save(model.state_dict(), tmp_path / "sub.pt")
+        net = nn.Linear(5, 1, bias=False).double()
+        fresh = SubspaceModel(
+            net, torch.zeros(5, dtype=torch.float64), torch.zeros(3, 5, dtype=torch.float64),
+            OutputLikelihood("gaussian", noise_variance=NOISE_VAR), prior_std=PRIOR_STD,
+        )  # fmt: skip
+        fresh.load_state_dict(torch.load(tmp_path / "sub.pt"))
+        assert fresh.temperature == TEMP and fresh.variance_scale == 2.5
+        thetas = fresh.sample_vi(8, generator=torch.Generator().manual_seed(3))
+        ref = model.sample_vi(8, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(thetas, ref, rtol=0, atol=0)
+        a, b = fresh.predict(x, thetas), model.predict(x, ref)
+        torch.testing.assert_close(a["means"], b["means"], rtol=0, atol=0)
+        torch.testing.assert_close(a["variances"], b["variances"], rtol=0, atol=0)
+
+    def test_inputs(self):
+        model, x, y, *_ = _linear_problem(torch.float64)
+        thetas = model.sample_ess(
+            x.numpy(), y.tolist(), 4, generator=torch.Generator().manual_seed(0)
+        )
+        assert model.predict(x[:3].numpy(), thetas.numpy())["means"].shape == (4, 3)
+        with pytest.raises(InputDataError, match="at least one row"):  # raw error before
+            model.predict(x[:0], thetas)
+        with pytest.raises(InputDataError, match="finite"):  # NaN predictions before
+            model.predict(torch.full((2, 5), float("nan"), dtype=torch.float64), thetas)
+        with pytest.raises(InputDataError, match="network can evaluate"):  # raw matmul error
+            model.predict(torch.zeros(2, 4, dtype=torch.float64), thetas)
+        with pytest.raises(InputDataError, match="network can evaluate"):
+            model.sample_ess(x[:, 0], y, 2)
+        with pytest.raises(ShapeError, match="one prediction per row"):
+            model.predict(x[None], thetas)
+        with pytest.raises(InputTypeError, match="float64"):
+            model.predict(x.float(), thetas)
+        with pytest.raises(InputTypeError, match="float32 or float64"):
+            model.fit_vi(x.half(), y, num_steps=2)
