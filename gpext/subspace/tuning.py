@@ -427,8 +427,8 @@ def select_swag_scale(
     noises: dict[float, float] = {}
 
     def neg_score(root: float) -> float:
-        s = root * root
-        w = anchors + root * (draws - anchors)
+        s = min(root * root, float(max_scale))
+        w = anchors + math.sqrt(s) * (draws - anchors)
         pred = predict_weight_samples(module, w, x_val, likelihood)
         if tune_noise:
             noises[s], value = _best_noise(pred["means"], y.to(pred["means"]),
@@ -447,11 +447,11 @@ def select_swag_scale(
             f"select_swag_scale: every scale gave a non-finite held-out log-likelihood "
             f"({scores}); check the held-out data and the likelihood."
         )
-    scale = root * root
+    scale = min(root * root, float(max_scale))
     if tune_noise:
         likelihood.noise_variance = noises[scale]
     _set_scale(posterior, scale)
-    samples = anchors + root * (draws - anchors)
+    samples = anchors + math.sqrt(scale) * (draws - anchors)
     details = {"noise_variance": noises[scale]} if tune_noise else None
     return HyperparameterSelection(scale, samples, dict(sorted(scores.items())), "swag_scale",
                                    details)  # fmt: skip
