@@ -26,15 +26,13 @@ from gpext.fit import (
     train_loop,
 )
 from gpext.kernels import FeatureMapKernel
+from gpext.models._ign_tasks import TASKS, resolve_task  # noqa: F401 (TASKS: the task names)
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.utils import (
-    as_float_tensor,
     as_model_input,
-    check_finite,
-    check_labels,
     check_positive_int,
 )
-from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP, _safe_cholesky
+from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP
 
 __all__ = ["GP_PARAMETER_TRAVEL", "InducingGPNetwork", "default_gp_lr"]
 
@@ -43,7 +41,6 @@ __all__ = ["GP_PARAMETER_TRAVEL", "InducingGPNetwork", "default_gp_lr"]
 #: without a :class:`VarianceCollapseWarning`.
 MIN_EXPLAINED_VARIANCE = 0.1
 
-TASKS = ("regression", "binary", "one_vs_all", "dirichlet")
 
 #: How many raw (softplus / log) units the GP parameters of :meth:`InducingGPNetwork.fit`
 #: (noise, kernel, inducing points, pseudo-labels) can move over one run with the default
@@ -111,11 +108,16 @@ class InducingGPNetwork(gpytorch.Module):
       :class:`gpext.likelihoods.DirichletTransform`); probabilities by Monte Carlo over the
       softmax of the latent heads.
 
+    The task follows from the likelihood object's type (``likelihood``); each task's steps of
+    the loss, initialisation, refit and predictions live in one private dispatch object.
+
     Args:
         embedding: Network :math:`g` mapping a minibatch of inputs to ``(N, d)`` features.
         num_inducing: Number of inducing points ``m`` (per head).
         feature_dim: ``d``; default ``embedding.out_features``.
-        task: One of ``"regression"``, ``"binary"``, ``"one_vs_all"``, ``"dirichlet"``.
+        task: One of ``"regression"``, ``"binary"``, ``"one_vs_all"``, ``"dirichlet"``: a
+            convenience that picks the default likelihood.  ``None`` (default): taken from
+            ``likelihood``'s type (``"regression"`` without one).
         num_classes: ``C`` for the multiclass tasks (2 for ``"binary"``).
         covar_module: Kernel on features (batch shape ``(C,)`` for the multiclass tasks).
         mean_module: Prior mean :math:`m` of the GP on features (a GPyTorch mean of
@@ -125,15 +127,18 @@ class InducingGPNetwork(gpytorch.Module):
             :math:`m(g(x)) + K_{xZ}K_{ZZ}^{-1}(\mathbf r - m(Z))` (see
             :class:`~gpext.variational.FeatureSpaceInducingGP`); its parameters are trained
             with the GP's (``gp_lr``) and saved in the state dict.
-        likelihood: The observation model: Gaussian for regression (default
-            :class:`gpytorch.likelihoods.GaussianLikelihood`), probit Bernoulli for
-            ``"binary"`` and ``"one_vs_all"`` (default
-            :class:`gpytorch.likelihoods.BernoulliLikelihood`, whose link is the probit
-            :math:`\Phi`), so that ``model.likelihood(model(x))`` is the predictive
-            distribution as for any GPyTorch model.  The Dirichlet task has none (its
-            observation model is the transform).
-        dirichlet_transform: Label transform for ``"dirichlet"`` (default
-            ``gpext.likelihoods.DirichletTransform(num_classes)``).
+        likelihood: The observation model, which decides the task, so that
+            ``model.likelihood(model(x))`` is the predictive distribution as for any GPyTorch
+            model: a :class:`gpytorch.likelihoods.GaussianLikelihood` (regression, the
+            default), a :class:`gpytorch.likelihoods.BernoulliLikelihood` (probit link
+            :math:`\Phi`; ``"binary"``, or ``"one_vs_all"`` with ``num_classes > 2`` or
+            ``task="one_vs_all"``: per-class, unnormalised probabilities) or a
+            :class:`gpext.likelihoods.DirichletTransformLikelihood` (``"dirichlet"``; there
+            ``likelihood(model(x), labels=y)`` is the marginal of the transformed targets and
+            :meth:`predict_proba` the class probabilities).
+        dirichlet_transform: Label transform for ``"dirichlet"`` when no likelihood is given
+            (default ``gpext.likelihoods.DirichletTransform(num_classes)``; the likelihood
+            made from it keeps this object as its ``transform``).
         laplace: Laplace settings for the probit tasks (default :class:`ProbitLaplace`).
         input_transform: Optional module applied to inputs before the embedding (e.g. a BoTorch
             ``InputTransform`` such as ``Normalize``).
@@ -179,7 +184,10 @@ class InducingGPNetwork(gpytorch.Module):
     gap.  Judge intervals far from the data on held-out points before relying on them.
 
     Raises:
-        InputDataError: If the task is unknown or a size is invalid.
+        InputDataError: If the task is unknown, a size is invalid, or ``task``,
+            ``num_classes`` and ``likelihood`` disagree.
+        InputTypeError: If the likelihood is not one of the types above, or does not fit
+            ``task``.
 
     Example:
         >>> import torch
@@ -202,7 +210,7 @@ class InducingGPNetwork(gpytorch.Module):
         *,
         num_inducing: int = 64,
         feature_dim: int | None = None,
-        task: str = "regression",
+        task: str | None = None,
         num_classes: int | None = None,
         covar_module: gpytorch.kernels.Kernel | None = None,
         mean_module: gpytorch.means.Mean | None = None,
@@ -214,10 +222,7 @@ class InducingGPNetwork(gpytorch.Module):
         minibatch_covariance: str = "independent",
     ) -> None:
         super().__init__()
-        if task not in TASKS:
-            raise InputDataError(
-                expected_got("InducingGPNetwork.task", f"one of {TASKS}", repr(task))
-            )
+        task_obj, likelihood = resolve_task(task, likelihood, num_classes, dirichlet_transform)
         if not isinstance(embedding, nn.Module):
             raise InputTypeError(
                 expected_got(
@@ -232,18 +237,6 @@ class InducingGPNetwork(gpytorch.Module):
                     f"`out_features` attribute, got neither ({type(embedding).__name__}). "
                     "Pass feature_dim=<output size of the embedding>."
                 )
-        if task == "binary":
-            num_classes = 2 if num_classes is None else num_classes
-            if num_classes != 2:
-                raise InputDataError(
-                    expected_got(
-                        "InducingGPNetwork.num_classes", "2 for task='binary'", num_classes
-                    )
-                )
-        elif task in ("one_vs_all", "dirichlet"):
-            num_classes = check_positive_int(
-                num_classes, "InducingGPNetwork.num_classes", minimum=2
-            )
         if minibatch_covariance not in ("full", "independent"):
             raise InputDataError(
                 expected_got(
@@ -253,35 +246,22 @@ class InducingGPNetwork(gpytorch.Module):
                 )
             )
         self.minibatch_covariance = minibatch_covariance
-        self.task = task
-        self.num_classes = num_classes
-        heads = torch.Size([num_classes]) if task in ("one_vs_all", "dirichlet") else torch.Size()
+        #: The observation model's steps (private; chosen from the likelihood's type).
+        self._task = task_obj
+        self.num_classes = task_obj.num_classes
         self.embedding = embedding
         self.input_transform = input_transform
         self._default_kernel = covar_module is None
         self.gp = FeatureSpaceInducingGP(
             num_inducing,
             int(feature_dim),
-            batch_shape=heads,
+            batch_shape=task_obj.batch_shape,
             covar_module=covar_module,
             jitter=jitter,
             mean_module=mean_module,
         )
-        if task == "regression":
-            self.likelihood = likelihood or gpytorch.likelihoods.GaussianLikelihood()
-        elif task in ("binary", "one_vs_all"):
-            # the probit observation model of these tasks, so that likelihood(model(x)) is the
-            # predictive: Bernoulli(Phi(mu / sqrt(1 + sigma^2))) per point (per class for
-            # one_vs_all, unnormalised); training still uses the per-point Laplace of Eq. 5
-            self.likelihood = likelihood or gpytorch.likelihoods.BernoulliLikelihood()
+        self.likelihood = likelihood
         self.laplace = laplace or ProbitLaplace()
-        self.dirichlet_transform = None
-        if task == "dirichlet":
-            if dirichlet_transform is None:
-                from gpext.likelihoods import DirichletTransform
-
-                dirichlet_transform = DirichletTransform(num_classes)
-            self.dirichlet_transform = dirichlet_transform
         #: Set by :meth:`initialize` / :meth:`fit` and by loading a state dict; :meth:`predict`
         #: raises :class:`~gpext.errors.NotFittedError` before.
         self._fitted = False
@@ -316,6 +296,16 @@ class InducingGPNetwork(gpytorch.Module):
         return FeatureMapKernel(extractor, self.gp.covar_module)
 
     @property
+    def task(self) -> str:
+        """``"regression"``, ``"binary"``, ``"one_vs_all"`` or ``"dirichlet"`` (from the likelihood)."""
+        return self._task.name
+
+    @property
+    def dirichlet_transform(self):
+        """The label transform of the Dirichlet task (``self.likelihood.transform``), else ``None``."""
+        return getattr(self.likelihood, "transform", None)
+
+    @property
     def mean_module(self) -> gpytorch.means.Mean:
         """The prior mean on features (``self.gp.mean_module``; set it through the constructor)."""
         return self.gp.mean_module
@@ -338,10 +328,7 @@ class InducingGPNetwork(gpytorch.Module):
 
     def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._check_x(x, "InducingGPNetwork x")
-        if self.task == "regression":
-            y = check_finite(as_float_tensor(y, "InducingGPNetwork y"), "InducingGPNetwork y")
-        else:
-            y = check_labels(y, self.num_classes, "InducingGPNetwork y")
+        y = self._task.check_targets(y, "InducingGPNetwork y")
         if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
             raise ShapeError(
                 expected_got(
@@ -351,10 +338,6 @@ class InducingGPNetwork(gpytorch.Module):
                 )
             )
         return x, y.to(x.device)
-
-    def _dirichlet_targets(self, labels: torch.Tensor, like: torch.Tensor):
-        out = self.dirichlet_transform(labels, dtype=like.dtype, class_dim=-2)
-        return out.targets.to(like.device), out.noise.to(like.device)  # shape: (C, N) each
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         r"""Minibatch loss :math:`-\ell(\theta; B) / b` (002 Eq. 5; section 2.4 for probit tasks).
@@ -375,41 +358,10 @@ class InducingGPNetwork(gpytorch.Module):
         feats = self._head_features(self.features(x))
         if self.minibatch_covariance == "independent":  # b minibatches of size one
             mean, var = self.gp.marginal(feats)  # shape: (*h, b) each; no b x b matrix
-            if self.task in ("regression", "dirichlet"):
-                return self._independent_gaussian_nll(mean, var, y) / b
-            mean, cov = mean.unsqueeze(-1), var[..., None, None]
-            y = y.unsqueeze(-1)  # shape: (b, 1)
-        else:
-            prior = self.gp(feats)
-            mean, cov = prior.mean, prior.covariance_matrix  # shape: (*h, b), (*h, b, b)
-        if self.task == "binary":
-            return -self.laplace.log_marginal_likelihood(mean, cov, y).sum() / b
-        if self.task == "one_vs_all":
-            classes = torch.arange(self.num_classes, device=y.device).view(-1, *([1] * y.dim()))
-            return -self.laplace.log_marginal_likelihood(mean, cov, (y == classes).long()).sum() / b
-        if self.task == "regression":
-            targets, noise = y.to(mean), self.likelihood.noise.to(mean).expand(y.shape)
-        else:
-            targets, noise = self._dirichlet_targets(y.reshape(-1), mean)
-            targets, noise = targets.reshape(mean.shape), noise.reshape(mean.shape)
-        cov = cov + torch.diag_embed(noise)
-        chol = _safe_cholesky(cov, 0.0, "InducingGPNetwork K_X|Z")
-        resid = (targets - mean).unsqueeze(-1)
-        white = torch.linalg.solve_triangular(chol, resid, upper=False).squeeze(-1)
-        nll = 0.5 * (white**2).sum(-1) + chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        return (nll.sum() + 0.5 * mean.numel() * math.log(2 * math.pi)) / b
-
-    def _independent_gaussian_nll(
-        self, mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:
-        """Summed Gaussian NLL of ``b`` size-one minibatches (Eq. 5 with ``b = 1``)."""
-        if self.task == "regression":
-            targets, noise = y.to(mean), self.likelihood.noise.to(mean)
-        else:
-            targets, noise = self._dirichlet_targets(y.reshape(-1), mean)
-        total = var + noise  # shape: (*h, b)
-        nll = 0.5 * ((targets - mean) ** 2 / total + total.log() + math.log(2 * math.pi))
-        return nll.sum()
+            return self._task.independent_nll(self, mean, var, y) / b
+        prior = self.gp(feats)
+        mean, cov = prior.mean, prior.covariance_matrix  # shape: (*h, b), (*h, b, b)
+        return self._task.nll(self, mean, cov, y) / b
 
     # ------------------------------------------------------------------ training
     @torch.no_grad()
@@ -443,17 +395,7 @@ class InducingGPNetwork(gpytorch.Module):
         self.eval()
         feats = self.features(x[idx])
         self.train(was_training)
-        if self.task == "regression":
-            targets = y[idx]
-        elif self.task == "binary":
-            targets = 2.0 * y[idx].to(feats) - 1.0
-        elif self.task == "one_vs_all":
-            targets = (
-                2.0 * (y[idx] == torch.arange(self.num_classes, device=y.device)[:, None]).to(feats)
-                - 1.0
-            )
-        else:
-            targets = self._dirichlet_targets(y[idx], feats)[0]
+        targets = self._task.init_targets(self, y[idx], feats)
         self.gp.initialize_from_features(feats, targets.to(feats), generator=generator)
         self._fitted = True
         if self._default_kernel:
@@ -592,9 +534,9 @@ class InducingGPNetwork(gpytorch.Module):
             )  # fmt: skip
         if refit_pseudo_labels is None:
             refit_pseudo_labels = (
-                self.task == "regression" and self.minibatch_covariance == "independent"
+                self._task.learned_noise and self.minibatch_covariance == "independent"
             )
-        if refit_pseudo_labels and self.task not in ("regression", "dirichlet"):
+        if refit_pseudo_labels and not self._task.gaussian:
             raise InputDataError(
                 expected_got(
                     "InducingGPNetwork.fit.refit_pseudo_labels",
@@ -643,9 +585,9 @@ class InducingGPNetwork(gpytorch.Module):
         if refit_pseudo_labels:
             self.refit_pseudo_labels(x, y)
         if calibrate_noise is None:
-            calibrate_noise = x_val is not None and self.task == "regression"
+            calibrate_noise = x_val is not None and self._task.learned_noise
         if calibrate_noise:
-            if x_val is None or self.task != "regression":
+            if x_val is None or not self._task.learned_noise:
                 raise InputDataError(
                     expected_got(
                         "InducingGPNetwork.fit.calibrate_noise",
@@ -655,7 +597,7 @@ class InducingGPNetwork(gpytorch.Module):
                 )
             self.calibrate_noise(x_val, y_val)
         self.eval()
-        if check_fit and self.task == "regression":
+        if check_fit and self._task.learned_noise:
             if not self.check_fit(x, y, generator=generator):
                 result.add_problem(VarianceCollapseWarning.__name__)
         elif check_fit:
@@ -711,7 +653,7 @@ class InducingGPNetwork(gpytorch.Module):
             VarianceCollapseWarning: If the fit is degenerate; the message quotes
                 :math:`R^2`, :math:`\sigma^2` and :math:`s_y^2` and what to try.
         """
-        if self.task != "regression":
+        if not self._task.learned_noise:
             raise InputDataError(
                 expected_got("InducingGPNetwork.check_fit", "task 'regression'", repr(self.task))
             )
@@ -797,7 +739,7 @@ class InducingGPNetwork(gpytorch.Module):
             >>> model.refit_pseudo_labels(x, y).shape
             torch.Size([16])
         """
-        if self.task not in ("regression", "dirichlet"):
+        if not self._task.gaussian:
             raise InputDataError(
                 expected_got(
                     "InducingGPNetwork.refit_pseudo_labels",
@@ -813,10 +755,7 @@ class InducingGPNetwork(gpytorch.Module):
         def batches():
             for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
                 feats = self.features(xb)
-                if self.task == "regression":
-                    yield feats, yb.to(feats), self.likelihood.noise.to(feats)
-                else:
-                    yield (feats, *self._dirichlet_targets(yb, feats))
+                yield (feats, *self._task.gaussian_terms(self, yb, feats))
 
         self._fitted = True
         return self.gp.solve_pseudo_labels(batches(), ridge=ridge)
@@ -862,7 +801,7 @@ class InducingGPNetwork(gpytorch.Module):
             InputDataError: If the task is not ``"regression"`` or there are fewer than two
                 held-out rows.
         """
-        if self.task != "regression":
+        if not self._task.learned_noise:
             raise InputDataError(
                 expected_got("InducingGPNetwork.calibrate_noise", "task='regression'",
                              repr(self.task))
@@ -895,7 +834,7 @@ class InducingGPNetwork(gpytorch.Module):
 
     def _validation_nll(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """Mean predictive NLL on held-out data (early stopping in :meth:`fit`)."""
-        if self.task == "regression":
+        if not self._task.classification:
             mean, var = self.predict(x)
             nll = 0.5 * ((y - mean) ** 2 / var + var.log() + math.log(2 * math.pi))
         else:
@@ -937,8 +876,8 @@ class InducingGPNetwork(gpytorch.Module):
             means.append(m)
             variances.append(v)
         mean, var = torch.cat(means, -1), torch.cat(variances, -1)
-        if include_noise and self.task == "regression":
-            var = var + self.likelihood.noise.to(var)
+        if include_noise:
+            var = self._task.add_noise(self, var)
         return mean, var
 
     @torch.no_grad()
@@ -961,20 +900,13 @@ class InducingGPNetwork(gpytorch.Module):
         Raises:
             InputDataError: For ``task="regression"``.
         """
-        if self.task == "regression":
+        if not self._task.classification:
             raise InputDataError(
-                "InducingGPNetwork.predict_proba: expected a classification task, got 'regression'. Use predict()."
-            )
+                expected_got("InducingGPNetwork.predict_proba", "a classification task",
+                             repr(self.task), "Use predict().")
+            )  # fmt: skip
         mean, var = self.predict(x, batch_size=batch_size)
-        if self.task == "binary":
-            p1 = torch.special.ndtr(mean / torch.sqrt(1.0 + var))
-            return torch.stack([1.0 - p1, p1], dim=-1)
-        if self.task == "one_vs_all":
-            p = torch.special.ndtr(mean / torch.sqrt(1.0 + var)).T.clamp_min(1e-12)
-            return p / p.sum(-1, keepdim=True)
-        return self.dirichlet_transform.class_probs(
-            mean.T.contiguous(), var.T.contiguous(), num_samples=num_samples, generator=generator
-        )
+        return self._task.proba(self, mean, var, num_samples, generator)
 
 
 def _mark_fitted(module: InducingGPNetwork, incompatible_keys) -> None:
