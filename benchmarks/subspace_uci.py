@@ -55,6 +55,7 @@ from _common import RESULTS, base_parser, out_dir
 
 import gpext_bench.methods_peers  # noqa: F401  (registers the peer arms)
 import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
+import gpext_bench.methods_subspace_glm  # noqa: F401  (the linearised predictives)
 from gpext.errors import InputDataError, expected_got
 from gpext_bench import (
     BenchConfig,
@@ -76,6 +77,8 @@ METHODS = (
     "inkpca_vi",
     "fa_swag",
 )
+# the linearised (GLM) predictive of the same posteriors (issue 22, item 4)
+GLM_METHODS = ("pca_vi_glm", "inkpca_vi_glm", "pca_ess_glm", "inkpca_ess_glm")
 # issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
 PEER_METHODS = ("map_laplace_kron", "map_laplace_last_layer", "deep_ensemble", "multiswag")
 PROTOCOL = (
@@ -114,9 +117,14 @@ PROTOCOL = (
     "networks, each with its held-out mean squared error as noise variance; MultiSWAG over 3 "
     "SGD runs of the subspace methods' network and chosen recipe (the shared run and two more "
     "seeds), 30 samples at scale 0.5. Paired differences: per split, the test LL of the "
-    "gpext method with the best mean minus that of the peer with the best mean."
+    "gpext method with the best mean minus that of the peer with the best mean. The *_glm "
+    "methods predict from the same posteriors as their Monte Carlo namesakes with the "
+    "linearised (GLM) predictive (gpext.subspace.linearized_predictive; ESS draws through "
+    "their sample mean and covariance)."
 )
-SUBSPACE_METHODS = ("pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag")
+SUBSPACE_METHODS = (
+    "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS
+)  # fmt: skip
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
 PUBLISHED_LL = {
     "boston": (-2.719, -2.716, -2.761),
@@ -317,7 +325,7 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=None,
-        choices=METHODS + PEER_METHODS,
+        choices=METHODS + GLM_METHODS + PEER_METHODS,
         help="run only these methods (default: all, the peer arms included)",
     )
     parser.add_argument(
@@ -355,7 +363,7 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
-        methods = args.methods or METHODS + PEER_METHODS
+        methods = args.methods or METHODS + GLM_METHODS + PEER_METHODS
         run = run_benchmark(
             datasets, methods, config=config, data_dir=args.data_dir, splits=indices
         )

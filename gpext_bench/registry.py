@@ -42,6 +42,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext_bench.methods_gwi",
     "gpext_bench.methods_subspace",
     "gpext_bench.methods_peers",
+    "gpext_bench.methods_subspace_glm",
 ]
 
 TASKS = ("regression", "classification")

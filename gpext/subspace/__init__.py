@@ -17,7 +17,8 @@
   :func:`select_likelihood`, :func:`temperature_grid`); a post-hoc start from a pretrained
   network, :func:`collect_from_pretrained`.
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
-  :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers.
+  :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
+  predictive of a Gaussian over the coordinates, :func:`linearized_predictive`.
 """
 
 from gpext.fit.temperature import HyperparameterSelection
@@ -32,6 +33,7 @@ from gpext.subspace.curve_subspace import CurveSubspace, bezier_point
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.inkpca_subspace import InKPCASubspace
+from gpext.subspace.linearized_predictive import gaussian_from_samples, linearized_predictive
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
 from gpext.subspace.multi_swag import MultiSWAG
 from gpext.subspace.online_factor_analysis import OnlineFactorAnalysis
@@ -73,6 +75,8 @@ __all__ = [
     "CurveSubspace",
     "RandomSubspace",
     "bezier_point",
+    "gaussian_from_samples",
+    "linearized_predictive",
     "DRBAYES_RECIPES",
     "GPEXT_RECIPE",
     "HyperparameterSelection",
