@@ -58,9 +58,11 @@ def train_sgd_trajectory(
     log-likelihood. The weights take SGD steps at the current :math:`\sigma^2`; after every
     epoch :math:`\sigma^2` is set to its exact maximiser given the epoch's residuals,
     :math:`\sigma^2 \leftarrow \frac{1}{N}\sum_n (y_n - \mu_n)^2` (each :math:`\mu_n` from
-    the forward pass of its mini-batch), and after training to the maximum-likelihood value of
-    the returned network on all training rows (:meth:`OutputLikelihood.fit_noise`); the
-    likelihood object is updated in place. This avoids a noise parameter under the optimiser's
+    the forward pass of its mini-batch), and after training to the maximum-likelihood value at
+    the SWA mean :math:`\bar w` on all training rows (:meth:`OutputLikelihood.fit_noise`; the
+    centre of every posterior built from the trajectory; the last iterate of a constant-rate
+    phase fits its training rows worse than the SWA mean);
+    the likelihood object is updated in place. This avoids a noise parameter under the optimiser's
     weight decay and momentum, and it needs no extra forward passes during training.
 
     Args:
@@ -186,8 +188,12 @@ def train_sgd_trajectory(
             likelihood.noise_variance = max(sq_residuals / rows, likelihood.min_variance, 1e-300)
     module.eval()
     if learn_noise:
+        # the maximum-likelihood noise at the SWA mean, the centre of every posterior built
+        # from the trajectory (the last iterate of a constant-rate phase fits worse)
+        swa = collector.mean if collector.num_collected > 0 else collector.flat.flatten()
         with torch.no_grad():
-            out = torch.cat([module(x[i : i + 4096]) for i in range(0, n, 4096)])
+            out = torch.cat([collector.flat.functional_call(swa.to(x.dtype), x[i : i + 4096])
+                             for i in range(0, n, 4096)])  # fmt: skip
         likelihood.fit_noise(out, y)
     if likelihood.is_regression and y.dim() == 1:
         # a network that settled on the targets' mean must not pass silently
