@@ -8,11 +8,13 @@ from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import (
     as_float_tensor,
+    as_model_input,
     check_finite,
     check_float_dtype,
     check_labels,
     check_positive_int,
 )
+from gpext.utils.validation import as_fit_input, check_rows
 
 TASKS = ("regression", "classification")
 
@@ -23,14 +25,30 @@ def check_task(task: str, owner: str) -> str:
     return task
 
 
-def check_inputs(x: object, owner: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-    x = as_float_tensor(x, f"{owner} x", dtype)
+def check_inputs(
+    x: object, owner: str, dtype: torch.dtype | None = None, like: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Inputs ``(N, d)``, non-empty and finite.
+
+    Before the model exists (``like`` is ``None``), numpy arrays, sequences and integer tensors
+    are converted (to ``dtype``, or the default dtype) and float32/float64 tensors to ``dtype``
+    when one is given (the model's declared dtype) or kept (the model adopts it).  After, inputs
+    follow :func:`~gpext.utils.as_model_input`: the fitted model's dtype and device, with an
+    :class:`~gpext.errors.InputTypeError` for a tensor of another floating dtype or device.
+    Half precision is an error: an :class:`~gpext.errors.InputTypeError` for prediction, an
+    :class:`~gpext.errors.InputDataError` from ``check_float_dtype`` for ``fit`` (as before).
+    """
+    name = f"{owner} x"
+    if like is not None:
+        x = as_model_input(x, like, name)
+    else:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            check_float_dtype(x.dtype, f"{owner} x.dtype")
+        x = as_fit_input(x, name, dtype)
+        if dtype is not None:
+            x = x.to(dtype)
     check_float_dtype(x.dtype, f"{owner} x.dtype")
-    if x.dim() != 2 or x.shape[0] == 0:
-        raise ShapeError(
-            expected_got(f"{owner} x", "a non-empty tensor of shape (N, d)", tuple(x.shape))
-        )
-    return check_finite(x, f"{owner} x")
+    return check_rows(x, name)
 
 
 def regression_targets(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import check_float_dtype, check_positive_int
+from gpext.utils import as_model_input, check_finite, check_float_dtype, check_positive_int
 
 __all__ = ["EnsembleMLP"]
 
@@ -96,7 +96,11 @@ class EnsembleMLP(torch.nn.Module):
 
         Raises:
             ShapeError: If the trailing dimension is not ``d`` or a leading ``K`` mismatches.
+            InputDataError: If ``x`` has no rows or non-finite entries.
+            InputTypeError: If ``x`` is a tensor of another floating dtype or device than the
+                parameters (numpy arrays, sequences and integers are converted).
         """
+        x = as_model_input(x, self.weights[0], "EnsembleMLP.forward x")
         if x.dim() not in (2, 3) or x.shape[-1] != self.in_features:
             raise ShapeError(
                 expected_got(
@@ -111,6 +115,15 @@ class EnsembleMLP(torch.nn.Module):
                     "EnsembleMLP.forward x", f"leading size K={self.num_particles}", x.shape[0]
                 )
             )
+        if x.shape[-2] == 0:
+            raise InputDataError(
+                expected_got("EnsembleMLP.forward x", "at least one row", tuple(x.shape))
+            )
+        check_finite(x, "EnsembleMLP.forward x")
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` without the input checks (for training loops on checked data)."""
         h = x
         n_layers = len(self.weights)
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):

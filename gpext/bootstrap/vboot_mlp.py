@@ -375,7 +375,7 @@ class VBootMLP(torch.nn.Module):
         Returns:
             The data term of the minibatch (detached; the gradients are already set).
         """
-        f = self.net(x)  # shape: (K, B, C)
+        f = self.net._forward(x)  # shape: (K, B, C); x checked by fit
         loss = (y_pert - f).square().mul(prec).sum().div(2.0 * x.shape[0])
         loss.backward()
         coef = 1.0 / (self.prior_std**2 * num_data)
@@ -462,12 +462,12 @@ class VBootMLP(torch.nn.Module):
         """
         self._check_fitted("forward")
         p0 = self.net.weights[0]
-        x = check_inputs(x, "VBootMLP.forward", p0.dtype).to(p0.device)
+        x = check_inputs(x, "VBootMLP.forward", like=p0)
         if x.shape[-1] != self.net.in_features:
             raise ShapeError(
                 expected_got("VBootMLP.forward x", f"{self.net.in_features} columns", x.shape[-1])
             )
-        return torch.cat([self.net(xb) for xb in x.split(2048)], dim=1) + self.offset
+        return torch.cat([self.net._forward(xb) for xb in x.split(2048)], dim=1) + self.offset
 
     @torch.no_grad()
     def predict_mixture(

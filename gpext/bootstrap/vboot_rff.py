@@ -374,12 +374,11 @@ class VBootRFF(torch.nn.Module):
         Returns:
             The features.  # shape: (M, D)
         """
-        self._check_fitted("features")
-        return self.kernel.featurize(x)
+        return self.kernel.featurize(self._check_test_inputs(x, "features"))
 
     def _check_test_inputs(self, x, what):
         self._check_fitted(what)
-        x = check_inputs(x, f"VBootRFF.{what}", self.weights.dtype).to(self.weights.device)
+        x = check_inputs(x, f"VBootRFF.{what}", like=self.weights)
         if x.shape[-1] != self.kernel.num_dims:
             raise ShapeError(
                 expected_got(f"VBootRFF.{what} x", f"{self.kernel.num_dims} columns", x.shape[-1])

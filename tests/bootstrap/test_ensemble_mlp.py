@@ -100,3 +100,21 @@ def test_state_dict_round_trip():
     b.load_state_dict(a.state_dict())
     x = torch.randn(5, 3)
     torch.testing.assert_close(a(x), b(x))
+
+
+def test_forward_input_contract():
+    import numpy as np
+
+    from gpext.errors import InputDataError, InputTypeError
+
+    net = EnsembleMLP(2, 3, 1, [4], dtype=torch.float32)
+    x = np.random.default_rng(0).normal(size=(5, 3))
+    out = net(x)  # AttributeError ('numpy.ndarray' has no 'dim') before
+    torch.testing.assert_close(out, net(torch.as_tensor(x, dtype=torch.float32)))
+    assert net([[0, 1, 2]]).shape == (2, 1, 1)
+    with pytest.raises(InputDataError, match="at least one row"):  # an empty output before
+        net(torch.zeros(0, 3))
+    with pytest.raises(InputDataError, match="finite"):  # NaN outputs before
+        net(torch.full((2, 3), float("nan")))
+    with pytest.raises(InputTypeError, match="float32"):  # raw matmul dtype error before
+        net(torch.zeros(2, 3, dtype=torch.float64))
