@@ -59,11 +59,14 @@ def train_sgd_trajectory(
     epoch :math:`\sigma^2` is set to its exact maximiser given the epoch's residuals,
     :math:`\sigma^2 \leftarrow \frac{1}{N}\sum_n (y_n - \mu_n)^2` (each :math:`\mu_n` from
     the forward pass of its mini-batch), and after training to the maximum-likelihood value at
-    the SWA mean :math:`\bar w` on all training rows (:meth:`OutputLikelihood.fit_noise`; the
-    centre of every posterior built from the trajectory; the last iterate of a constant-rate
-    phase fits its training rows worse than the SWA mean);
-    the likelihood object is updated in place. This avoids a noise parameter under the optimiser's
-    weight decay and momentum, and it needs no extra forward passes during training.
+    the SWA mean :math:`\bar w` on all training rows (:meth:`OutputLikelihood.fit_noise`), the
+    centre of every posterior built from the trajectory, whose residuals the likelihood of ESS
+    and VI describes (it can differ from the last iterate's either way); this training-row
+    value tends to be too large for a Bayesian model average, whose weight spread already
+    covers part of the residuals: tune it on held-out rows
+    (:func:`~gpext.subspace.select_noise_variance`, :func:`~gpext.subspace.select_swag_scale`);
+    the likelihood object is updated in place. This keeps the noise away from the optimiser's
+    weight decay and momentum and needs one extra forward pass, at the end.
 
     Args:
         module: The network (trained in place).
@@ -189,7 +192,7 @@ def train_sgd_trajectory(
     module.eval()
     if learn_noise:
         # the maximum-likelihood noise at the SWA mean, the centre of every posterior built
-        # from the trajectory (the last iterate of a constant-rate phase fits worse)
+        # from the trajectory
         swa = collector.mean if collector.num_collected > 0 else collector.flat.flatten()
         with torch.no_grad():
             out = torch.cat([collector.flat.functional_call(swa.to(x.dtype), x[i : i + 4096])

@@ -1,8 +1,10 @@
-"""Train a network and a weight posterior (SWAG, MultiSWAG, PCA subspace + ESS / VI) for BoTorch."""
+"""Train a network and a weight posterior (SWAG, MultiSWAG, PCA subspace + ESS / VI) for BoTorch,
+with the likelihood, recipe, SWAG scale and temperature validated on a hold-out."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -10,27 +12,57 @@ from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS
 from gpext.integrations.botorch._checks import check_query
 from gpext.integrations.botorch.weight_ensemble_surrogate import WeightEnsembleSurrogate
-from gpext.nn import HeteroscedasticMLP
 from gpext.subspace import (
     SWAG,
     MultiSWAG,
     OutputLikelihood,
     PCASubspace,
     SubspaceModel,
-    train_sgd_trajectory,
+    TrainingRecipe,
+    predict_weight_samples,
+    regression_network,
+    select_noise_variance,
+    select_swag_scale,
+    validation_log_likelihood,
 )
 from gpext.utils import check_positive_int
 
 __all__ = ["fit_weight_ensemble"]
 
 METHODS = ("swag", "multiswag", "pca_ess", "pca_vi")
+LIKELIHOODS = ("auto", "homoscedastic", "heteroscedastic")
+_KINDS = {"homoscedastic": "homoscedastic_gaussian", "heteroscedastic": "heteroscedastic_gaussian"}
 
 
-def _new_network(d: int, hidden: Sequence[int], dtype, generator) -> HeteroscedasticMLP:
+def _new_network(kind: str, d: int, hidden: Sequence[int], dtype, generator) -> torch.nn.Module:
     seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return HeteroscedasticMLP(d, tuple(hidden)).to(dtype)
+        return regression_network(kind, d, tuple(hidden)).to(dtype)
+
+
+def _train(kind, recipe, x, y, hidden, generator):
+    """One network of ``kind`` trained with ``recipe``: ``(net, trajectory, likelihood)``."""
+    likelihood = OutputLikelihood(kind, min_variance=1e-6)
+    net = _new_network(kind, x.shape[-1], hidden, x.dtype, generator)
+    traj = recipe.train(net, x, y, likelihood, max_deviations=20, max_grad_norm=None,
+                        generator=generator)  # fmt: skip
+    return net, traj, likelihood
+
+
+def _swag_score(net, swag, likelihood, x_val, y_val, swag_scale, num_samples, generator):
+    """``(held-out score, scale)``: the tuned scale, or the fixed one."""
+    if swag_scale == "auto":
+        sel = select_swag_scale(net, swag, x_val, y_val, likelihood, num_samples=num_samples,
+                                generator=generator)  # fmt: skip
+        return sel.scores[sel.value], sel.value
+    if likelihood.learns_noise:  # the noise is tuned on the hold-out at the fixed scale
+        w = swag.sample(num_samples, scale=swag_scale, generator=generator)
+        sel = select_noise_variance(net, w, x_val, y_val, likelihood)
+        return sel.scores[sel.value], swag_scale
+    w = swag.sample(num_samples, scale=swag_scale, generator=generator)
+    pred = predict_weight_samples(net, w, x_val, likelihood)
+    return validation_log_likelihood(pred, y_val), swag_scale
 
 
 def fit_weight_ensemble(
@@ -48,26 +80,56 @@ def fit_weight_ensemble(
     rank: int = 10,
     num_components: int = 3,
     validation_fraction: float | None = None,
+    likelihood: str = "auto",
+    swag_scale: float | str = "auto",
+    recipes: Mapping[str, TrainingRecipe] | None = None,
     input_transform: torch.nn.Module | None = None,
     outcome_transform: torch.nn.Module | None = None,
     generator: torch.Generator | None = None,
 ) -> WeightEnsembleSurrogate:
-    r"""Train a heteroscedastic MLP by SGD, build a weight posterior, return a BoTorch surrogate.
+    r"""Train an MLP by SGD, build a weight posterior, return a BoTorch surrogate.
 
-    The protocol is the small-UCI one of 000 Sec. IV-B: a
-    :class:`~gpext.nn.HeteroscedasticMLP`, SGD with momentum on the mean negative log-likelihood
-    (plus weight decay) for ``epochs`` epochs, weights collected once per epoch over the last
-    ``swa_epochs`` (at most 20 deviations), then
+    The protocol is the small-UCI one of 000 Sec. IV-B: an MLP with a Gaussian output, SGD
+    with momentum on the mean negative log-likelihood (plus weight decay) for ``epochs``
+    epochs, weights collected once per epoch over the last ``swa_epochs`` (at most 20
+    deviations; the :class:`~gpext.subspace.TrainingRecipe`
+    ``TrainingRecipe(epochs, batch_size, lr, weight_decay, epochs - swa_epochs, lr / 2)``),
+    then
 
-    * ``"swag"``: SWAG (diagonal + low rank, scale 0.5), ``num_samples`` draws;
+    * ``"swag"``: SWAG (diagonal + low rank, covariance scale ``swag_scale``),
+      ``num_samples`` draws;
     * ``"multiswag"``: ``num_components`` independent SWAG runs, ``num_samples`` draws each;
     * ``"pca_ess"`` / ``"pca_vi"``: the rank-``rank`` PCA subspace of the deviations around
       the SWA mean, :math:`w = \bar w + P^\top\theta`, with ``num_samples`` elliptical slice
       samples / samples of a mean-field VI fit of the tempered posterior (prior standard
       deviation 1).  The temperature is drbayes's ``n / rank`` unless there is a hold-out:
-      then the network is trained on the other rows and the temperature chosen on the
-      hold-out by :meth:`~gpext.subspace.SubspaceModel.select_temperature` (ESS over
-      ``(n / rank)^e``, ``e`` from -1 to 2 in steps of 0.5; ``"pca_vi"`` reuses that choice).
+      then it is chosen on the hold-out by
+      :meth:`~gpext.subspace.SubspaceModel.select_temperature` (ESS over ``(n / rank)^e``,
+      ``e`` from -1 to 2 in steps of 0.5, with the predictive variance scale calibrated;
+      ``"pca_vi"`` reuses that choice).
+
+    The validated recipe (issue 18, 22). With a hold-out (by default from ``n >= 200`` rows,
+    for every method) the network is trained on the other rows and chosen on the hold-out,
+    by the mean held-out log predictive density of its SWAG posterior
+    (:func:`~gpext.subspace.validation_log_likelihood`):
+
+    * the output likelihood (``likelihood="auto"``): a homoscedastic network
+      (:class:`~gpext.nn.MLP`, one output, noise learned:
+      ``OutputLikelihood("homoscedastic_gaussian")``) or a heteroscedastic one
+      (:class:`~gpext.nn.HeteroscedasticMLP`), :func:`~gpext.subspace.select_likelihood`;
+    * the training recipe, when ``recipes`` names several
+      (:func:`~gpext.subspace.select_recipe`; e.g. ``gpext.subspace.recipe_candidates(name)``,
+      the search of ``benchmarks/subspace_uci.py``);
+    * the SWAG covariance scale (``swag_scale="auto"``, :func:`~gpext.subspace.select_swag_scale`,
+      jointly with the noise of a homoscedastic network; the customary 0.5 is too wide on
+      energy and yacht);
+    * the temperature of the ``pca_*`` methods, as above.
+
+    Each candidate costs one training run; the scoring costs forward passes on the hold-out
+    only. Without a hold-out (small designs, the 5-50 points of a BO loop) nothing is chosen:
+    the heteroscedastic network (``likelihood="auto"``), the first recipe, scale 0.5, and for
+    the ``pca_*`` methods :math:`T = n / r`; a homoscedastic network then keeps the noise it
+    learned on its training rows (its maximum-likelihood value at the SWA mean).
 
     Args:
         train_X: Inputs. # shape: (n, d)
@@ -82,20 +144,31 @@ def fit_weight_ensemble(
         batch_size: Mini-batch size (default ``ceil(n / 10)``).
         rank: Subspace rank (``pca_*``).
         num_components: MultiSWAG components.
-        validation_fraction: Hold-out for the temperature of the ``pca_*`` methods, in
-            ``[0, 0.5]``.  ``None`` (default): 0.1 when ``n >= 200``, else 0 (small designs
-            keep every row).  On the small UCI sets of ``benchmarks/robustness.py`` (boston,
-            concrete) ``n / rank`` left 84-92% of the test points inside the 95% intervals.
+        validation_fraction: Hold-out fraction in ``[0, 0.5]``.  ``None`` (default): 0.1 when
+            ``n >= 200``, else 0 (small designs keep every row).  On the small UCI sets of
+            ``benchmarks/robustness.py`` (boston, concrete) the ``pca_*`` temperature
+            ``n / rank`` left 84-92% of the test points inside the 95% intervals.
+        likelihood: ``"auto"`` (chosen on the hold-out; heteroscedastic without one),
+            ``"homoscedastic"`` or ``"heteroscedastic"``.
+        swag_scale: SWAG covariance scale (``swag``, ``multiswag``; ``pca_*`` use it only
+            to score the likelihood and recipe candidates), or ``"auto"``: tuned on the
+            hold-out, 0.5 without one.
+        recipes: Named :class:`~gpext.subspace.TrainingRecipe` candidates (default: the one
+            recipe of ``epochs``, ``swa_epochs``, ``lr``, ``weight_decay``, ``batch_size``).
         input_transform: BoTorch ``InputTransform``, learned on ``train_X`` (train mode) and
             applied to the queries.
         outcome_transform: BoTorch ``OutcomeTransform``, fitted to ``train_Y``.
         generator: Random generator (initial weights, mini-batches, samples).
 
     Returns:
-        A :class:`WeightEnsembleSurrogate` in eval mode.
+        A :class:`WeightEnsembleSurrogate` in eval mode. Its ``fit_selection`` dictionary
+        says what was chosen: ``"likelihood"``, ``"recipe"``, ``"swag_scale"``,
+        ``"temperature"`` (``pca_*``), ``"noise_variance"`` (homoscedastic), ``"scores"``
+        (held-out score per ``(recipe, likelihood)`` candidate; empty without a hold-out).
 
     Raises:
-        InputDataError: On an unknown ``method`` or ``swa_epochs >= epochs``.
+        InputDataError: On an unknown ``method`` or ``likelihood``, ``swa_epochs >= epochs``,
+            a bad ``swag_scale`` or ``validation_fraction``, or empty ``recipes``.
         ShapeError: If ``train_Y`` is not ``(n, 1)``.
 
     Example:
@@ -113,6 +186,16 @@ def fit_weight_ensemble(
         raise InputDataError(
             expected_got("fit_weight_ensemble.method", f"one of {METHODS}", method)
         )
+    if likelihood not in LIKELIHOODS:
+        raise InputDataError(
+            expected_got("fit_weight_ensemble.likelihood", f"one of {LIKELIHOODS}", likelihood)
+        )
+    if swag_scale != "auto" and not (
+        isinstance(swag_scale, (int, float)) and math.isfinite(swag_scale) and swag_scale >= 0
+    ):
+        raise InputDataError(
+            expected_got("fit_weight_ensemble.swag_scale", "'auto' or a number >= 0", swag_scale)
+        )
     check_query(train_X, None, None, "fit_weight_ensemble.train_X")
     if train_X.dim() != 2 or train_Y.dim() != 2 or train_Y.shape != (train_X.shape[0], 1):
         raise ShapeError(
@@ -129,6 +212,16 @@ def fit_weight_ensemble(
             expected_got("fit_weight_ensemble.swa_epochs", f"< epochs = {epochs}", swa_epochs)
         )
     num_samples = check_positive_int(num_samples, "fit_weight_ensemble.num_samples")
+    runs = check_positive_int(num_components if method == "multiswag" else 1,
+                              "fit_weight_ensemble.num_components")  # fmt: skip
+    if recipes is None:
+        recipes = {"given": TrainingRecipe(epochs, batch_size, lr, weight_decay,
+                                           epochs - swa_epochs, swa_lr=lr / 2)}  # fmt: skip
+    recipes = dict(recipes)
+    if not recipes or not all(isinstance(r, TrainingRecipe) for r in recipes.values()):
+        raise InputDataError(
+            expected_got("fit_weight_ensemble.recipes", "one or more TrainingRecipe", recipes)
+        )
     x = train_X
     if input_transform is not None:
         input_transform.train()
@@ -141,55 +234,87 @@ def fit_weight_ensemble(
         y, _ = outcome_transform(train_Y, X=train_X)
         outcome_transform.eval()
     y = y.squeeze(-1).detach()
-    n, d = x.shape
+    n = x.shape[0]
     if validation_fraction is None:
-        auto = n >= AUTO_VALIDATION_MIN_POINTS and method.startswith("pca")
-        validation_fraction = 0.1 if auto else 0.0
+        validation_fraction = 0.1 if n >= AUTO_VALIDATION_MIN_POINTS else 0.0
     if not (isinstance(validation_fraction, (int, float)) and 0 <= validation_fraction <= 0.5):
         raise InputDataError(
             expected_got("fit_weight_ensemble.validation_fraction", "a number in [0, 0.5] or None",
                          validation_fraction)
         )  # fmt: skip
-    n_val = int(round(validation_fraction * n)) if method.startswith("pca") else 0
+    n_val = int(round(validation_fraction * n))
     x_val = y_val = None
     if n_val > 0:
         perm = torch.randperm(n, generator=generator).to(x.device)
         x_val, y_val, x, y = x[perm[:n_val]], y[perm[:n_val]], x[perm[n_val:]], y[perm[n_val:]]
         n = x.shape[0]
-    likelihood = OutputLikelihood("heteroscedastic_gaussian", min_variance=1e-6)
-    runs = num_components if method == "multiswag" else 1
-    swags, net, traj = [], None, None
-    for _ in range(check_positive_int(runs, "fit_weight_ensemble.num_components")):
-        net = _new_network(d, hidden_features, x.dtype, generator)
-        traj = train_sgd_trajectory(
-            net, x, y, likelihood, epochs=epochs, swa_start=epochs - swa_epochs, lr=lr,
-            weight_decay=weight_decay, batch_size=batch_size, max_deviations=20,
-            generator=generator,
-        )  # fmt: skip
-        swags.append(SWAG.from_trajectory(traj))
+    kinds = list(_KINDS) if likelihood == "auto" else [likelihood]
+    if x_val is None:  # nothing to choose on: the first candidate, heteroscedastic for "auto"
+        kinds = ["heteroscedastic"] if likelihood == "auto" else kinds
+        recipes = dict([next(iter(recipes.items()))])
+    scale = 0.5 if swag_scale == "auto" else float(swag_scale)
+    scores: dict[tuple[str, str], float] = {}
+    best = None
+    for rname, recipe in recipes.items():
+        for kind in kinds:
+            net, traj, lik = _train(_KINDS[kind], recipe, x, y, hidden_features, generator)
+            swag = SWAG.from_trajectory(traj)
+            score, s = -math.inf, scale
+            if x_val is not None:
+                score, s = _swag_score(net, swag, lik, x_val, y_val, swag_scale,
+                                       num_samples, generator)  # fmt: skip
+                scores[(rname, kind)] = score
+            if best is None or score > best[0]:
+                best = (score, rname, kind, net, traj, lik, swag, s)
+    if x_val is not None and not math.isfinite(best[0]):
+        raise InputDataError(
+            f"fit_weight_ensemble: every candidate gave a non-finite held-out log-likelihood "
+            f"({scores}); check the data."
+        )
+    _, rname, kind, net, traj, lik, swag, scale = best
+    selection = {"likelihood": kind, "recipe": rname, "swag_scale": scale, "scores": scores}
     kw = {
-        "input_dim": d,
+        "input_dim": x.shape[-1],
         "input_transform": input_transform,
         "outcome_transform": outcome_transform,
     }
     if method in ("swag", "multiswag"):
-        post = swags[0] if method == "swag" else MultiSWAG(swags)
-        return WeightEnsembleSurrogate.from_swag(
-            net, post, num_samples, likelihood=likelihood, generator=generator, **kw
+        post = swag
+        if method == "multiswag":
+            swags = [swag] + [
+                SWAG.from_trajectory(
+                    _train(_KINDS[kind], recipes[rname], x, y, hidden_features, generator)[1]
+                )  # fmt: skip
+                for _ in range(runs - 1)
+            ]
+            post = MultiSWAG(swags)
+            if x_val is not None and swag_scale == "auto":
+                scale = select_swag_scale(net, post, x_val, y_val, lik, num_samples=num_samples,
+                                          generator=generator).value  # fmt: skip
+                selection["swag_scale"] = scale
+        model = WeightEnsembleSurrogate.from_swag(
+            net, post, num_samples, scale=scale, likelihood=lik, generator=generator, **kw
         )
-    devs = traj.deviations()
-    pca = PCASubspace(min(rank, devs.shape[0] - 1)).fit(devs, generator=generator)
-    sub = SubspaceModel(net, traj.mean, pca.projection, likelihood, temperature=n / pca.rank)
-    thetas = None
-    if x_val is not None:
-        _, thetas, _ = sub.select_temperature(
-            x, y, x_val, y_val, num_samples=num_samples, burn_in=num_samples, generator=generator
-        )
-    if method == "pca_ess":
-        if thetas is None:
-            thetas = sub.sample_ess(x, y, num_samples, burn_in=num_samples, generator=generator)
-            sub.check_fit(x, y, thetas)
     else:
-        sub.fit_vi(x, y, num_steps=300, generator=generator)
-        thetas = sub.sample_vi(num_samples, generator=generator)
-    return WeightEnsembleSurrogate.from_subspace(sub, thetas, **kw)
+        devs = traj.deviations()
+        pca = PCASubspace(min(rank, devs.shape[0] - 1)).fit(devs, generator=generator)
+        sub = SubspaceModel(net, traj.mean, pca.projection, lik, temperature=n / pca.rank)
+        thetas = None
+        if x_val is not None:
+            _, thetas, _ = sub.select_temperature(
+                x, y, x_val, y_val, num_samples=num_samples, burn_in=num_samples,
+                generator=generator,
+            )  # fmt: skip
+        if method == "pca_ess":
+            if thetas is None:
+                thetas = sub.sample_ess(x, y, num_samples, burn_in=num_samples, generator=generator)
+                sub.check_fit(x, y, thetas)
+        else:
+            sub.fit_vi(x, y, num_steps=300, generator=generator)
+            thetas = sub.sample_vi(num_samples, generator=generator)
+        selection["temperature"] = sub.temperature
+        model = WeightEnsembleSurrogate.from_subspace(sub, thetas, **kw)
+    if lik.learns_noise:
+        selection["noise_variance"] = lik.noise_variance
+    model.fit_selection = selection
+    return model
