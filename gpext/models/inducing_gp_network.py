@@ -28,10 +28,7 @@ from gpext.fit import (
 from gpext.kernels import FeatureMapKernel
 from gpext.models._ign_tasks import TASKS, resolve_task  # noqa: F401 (TASKS: the task names)
 from gpext.models.ign_probit_laplace import ProbitLaplace
-from gpext.utils import (
-    as_model_input,
-    check_positive_int,
-)
+from gpext.utils import as_model_input, check_finite, check_positive_int
 from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP
 
 __all__ = ["GP_PARAMETER_TRAVEL", "InducingGPNetwork", "default_gp_lr"]
@@ -319,12 +316,66 @@ class InducingGPNetwork(gpytorch.Module):
         return feats.unsqueeze(-3) if len(self.gp.batch_shape) else feats  # shape: (*, [1,] N, d)
 
     def forward(self, x: torch.Tensor) -> gpytorch.distributions.MultivariateNormal:
-        """Latent GP at ``x`` by 002 Eq. 7, batch shape ``(C,)`` for the multiclass tasks."""
-        return self.gp(self._head_features(self.features(x)))
+        r"""Latent GP at ``x`` by 002 Eq. 7, batch shape ``(C,)`` for the multiclass tasks.
+
+        ``model(x)`` is a :class:`~gpytorch.distributions.MultivariateNormal` with mean
+        :math:`m(g(x)) + K_{xZ}K_{ZZ}^{-1}(\mathbf r - m(Z))` and a lazy low-rank-plus-kernel
+        covariance (nothing ``N x N`` is formed until asked for); inputs with batch dimensions
+        the embedding maps to ``(*batch, N, d)`` features give a batch of GPs.
+
+        Raises:
+            InputTypeError / InputDataError / ShapeError: As :meth:`predict`, for inputs of
+                another dtype, non-finite or empty inputs.
+        """
+        x = self._check_x(x, "InducingGPNetwork.forward(x)")
+        feats = self._finite_features(x, self.features(x), "InducingGPNetwork.forward(x)")
+        return self.gp(self._head_features(feats))
 
     # ------------------------------------------------------------------ objective (Eq. 5)
     def _check_x(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return as_model_input(x, self.gp.inducing_points, name)  # the model's dtype and device
+        """Inputs ``(N, ...)``, ``N >= 1``, without infinite entries, in the model's dtype and
+        device.  NaN entries are left to the embedding (:class:`~gpext.nn.SetEncoder` marks
+        padding with NaN); :meth:`_finite_features` rejects the NaN inputs it passes on."""
+        like = self.gp.inducing_points
+        if like.dtype not in (torch.float32, torch.float64):
+            raise InputTypeError(
+                expected_got(
+                    "InducingGPNetwork parameters", "torch.float32 or torch.float64", like.dtype,
+                    "Cholesky factorisations need single or double precision: call "
+                    "model.float() or model.double() and pass data of that dtype.",
+                )
+            )  # fmt: skip
+        x = as_model_input(x, like, name)  # the model's dtype and device
+        if x.dim() < 1 or x.shape[0] == 0:
+            raise ShapeError(
+                expected_got(name, "a non-empty tensor (N, ...) with N >= 1", tuple(x.shape))
+            )
+        if bool(torch.isinf(x).any()):
+            check_finite(x, name)  # raises, counting the NaN and infinite entries
+        return x
+
+    @staticmethod
+    def _finite_features(x: torch.Tensor, feats: torch.Tensor, name: str) -> torch.Tensor:
+        """Non-finite features from NaN inputs are an error about the inputs."""
+        if not bool(torch.isfinite(feats).all()):
+            check_finite(x, name)
+            check_finite(feats, f"{name}: the embedding's features")
+        return feats
+
+    def _embed(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """Features ``(N, d)`` of inputs ``(N, ...)`` (no batch dimensions)."""
+        feats = self._finite_features(x, self.features(x), name)
+        if feats.dim() != 2 or feats.shape[0] != x.shape[0]:
+            raise ShapeError(
+                expected_got(
+                    f"{name}: the embedding's features",
+                    f"shape ({x.shape[0]}, {self.gp.feature_dim}) for inputs of shape "
+                    f"{tuple(x.shape)}", tuple(feats.shape),
+                    "Pass inputs of the shape the embedding expects, one point per row of the "
+                    "first dimension (no batch dimensions; model(x) takes batches).",
+                )
+            )  # fmt: skip
+        return feats
 
     def _check_xy(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._check_x(x, "InducingGPNetwork x")
@@ -350,12 +401,15 @@ class InducingGPNetwork(gpytorch.Module):
             A scalar tensor to minimise.
 
         Raises:
-            ShapeError: If ``x`` and ``y`` disagree in size.
-            InputDataError / InputTypeError: For non-finite targets or invalid labels.
+            ShapeError: If ``x`` is empty, ``x`` and ``y`` disagree in size, ``y`` is not 1-D,
+                or the embedding does not map ``x`` to ``(b, d)`` features.
+            InputDataError: For non-finite inputs or targets, or labels outside ``[0, C)``.
+            InputTypeError: For inputs of another dtype or device than the model (float16
+                data included), a model that is not float32/float64, or non-integer labels.
         """
         x, y = self._check_xy(x, y)
         b = y.shape[0]
-        feats = self._head_features(self.features(x))
+        feats = self._head_features(self._embed(x, "InducingGPNetwork.loss(x)"))
         if self.minibatch_covariance == "independent":  # b minibatches of size one
             mean, var = self.gp.marginal(feats)  # shape: (*h, b) each; no b x b matrix
             return self._task.independent_nll(self, mean, var, y) / b
@@ -385,6 +439,10 @@ class InducingGPNetwork(gpytorch.Module):
             y: Training targets ``(N,)``.
             generator: Random generator for the subsets.
             max_points: At most this many inputs are embedded.
+
+        Raises:
+            InputDataError / ShapeError / InputTypeError: For invalid inputs, as :meth:`loss`,
+                or fewer points than inducing points.
         """
         x, y = self._check_xy(x, y)
         n = y.shape[0]
@@ -393,7 +451,7 @@ class InducingGPNetwork(gpytorch.Module):
         )
         was_training = self.training
         self.eval()
-        feats = self.features(x[idx])
+        feats = self._embed(x[idx], "InducingGPNetwork.initialize(x)")
         self.train(was_training)
         targets = self._task.init_targets(self, y[idx], feats)
         self.gp.initialize_from_features(feats, targets.to(feats), generator=generator)
@@ -505,6 +563,7 @@ class InducingGPNetwork(gpytorch.Module):
             ``validation_history_``, with a validation split).
 
         Raises:
+            InputDataError / ShapeError / InputTypeError: For invalid inputs, as :meth:`loss`.
             FitError: On a non-finite loss or parameter (the last finite state is restored).
             InputDataError: For an unknown schedule, a fraction outside ``[0, 0.5]``, or
                 ``refit_pseudo_labels=True`` with a probit task.
@@ -725,7 +784,8 @@ class InducingGPNetwork(gpytorch.Module):
 
         Raises:
             InputDataError: For the probit tasks (their objective is not quadratic in
-                :math:`\mathbf r`) or a negative ridge.
+                :math:`\mathbf r`) or a negative ridge; and, with :class:`ShapeError` and
+                :class:`InputTypeError`, for invalid inputs, as :meth:`loss`.
 
         Example:
             >>> import torch
@@ -754,7 +814,7 @@ class InducingGPNetwork(gpytorch.Module):
 
         def batches():
             for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
-                feats = self.features(xb)
+                feats = self._embed(xb, "InducingGPNetwork.refit_pseudo_labels(x)")
                 yield (feats, *self._task.gaussian_terms(self, yb, feats))
 
         self._fitted = True
@@ -857,6 +917,14 @@ class InducingGPNetwork(gpytorch.Module):
 
         Returns:
             ``(mean, variance)`` of shape ``(M,)`` (regression, binary) or ``(C, M)``.
+
+        Raises:
+            NotFittedError: Before :meth:`fit`, :meth:`initialize`, :meth:`refit_pseudo_labels`
+                or ``load_state_dict``.
+            ShapeError: If ``x`` is empty or the embedding does not map it to ``(M, d)``.
+            InputDataError: For non-finite inputs.
+            InputTypeError: For inputs of another dtype or device than the model (float16
+                data included) or a model that is not float32/float64.
         """
         if not self._fitted:
             raise NotFittedError(
@@ -864,15 +932,12 @@ class InducingGPNetwork(gpytorch.Module):
                 "initialize(x, y), or load a fitted state_dict) first."
             )
         x = self._check_x(x, "InducingGPNetwork.predict(x)")
-        if x.dim() < 1 or x.shape[0] == 0:
-            raise ShapeError(
-                expected_got("InducingGPNetwork.predict(x)", "a non-empty tensor (M, ...)",
-                             tuple(x.shape))
-            )  # fmt: skip
+        batch_size = check_positive_int(batch_size, "InducingGPNetwork.predict.batch_size")
         self.eval()
         means, variances = [], []
         for chunk in x.split(batch_size):
-            m, v = self.gp.marginal(self._head_features(self.features(chunk)))
+            feats = self._embed(chunk, "InducingGPNetwork.predict(x)")
+            m, v = self.gp.marginal(self._head_features(feats))
             means.append(m)
             variances.append(v)
         mean, var = torch.cat(means, -1), torch.cat(variances, -1)
