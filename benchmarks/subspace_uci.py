@@ -48,6 +48,7 @@ test log-likelihood on 5 of 5; its coverage in [0.90, 0.98] on 5 of 5.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -365,8 +366,9 @@ def main() -> None:
         indices = list(range(args.first_split, args.first_split + splits))
         methods = args.methods or METHODS + GLM_METHODS + PEER_METHODS
         run = run_benchmark(
-            datasets, methods, config=config, data_dir=args.data_dir, splits=indices
-        )
+            datasets, methods, config=config, data_dir=args.data_dir, splits=indices,
+            log=None if sys.stderr.isatty() else sys.stderr,  # one line per fit when piped
+        )  # fmt: skip
         for row in run.rows:  # seconds of the shared training run are counted for every method
             _, pred = run.predictions[(row["dataset"], row["method"], row["split"])]
             row["seconds"] = float(pred.info.get("seconds", row["seconds"]))
