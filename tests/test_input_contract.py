@@ -49,3 +49,121 @@ def test_ign_contract():
     assert model.predict(x[:3])[0].shape == (3,)
     with pytest.raises(InputTypeError, match="float32"):  # a raw torch dtype error before
         model.predict(torch.randn(3, 2, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------ whole-model save/restore
+def _round_trip(model, fresh, tmp_path):
+    """``torch.save`` the state dict and load it into ``fresh`` (built the documented way)."""
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    fresh.load_state_dict(torch.load(tmp_path / "state.pt"))
+    return fresh
+
+
+def _xy(classification=False, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 2, generator=g, dtype=dtype)
+    y = torch.arange(30) % 3 if classification else torch.sin(x[:, 0])
+    return x, y
+
+
+def _gwi_fitted(cls, classification):
+    x, y = _xy(classification)
+    args = (3,) if classification else ()
+    model, lik = cls.from_data(x, y, *args, num_inducing=6, prior_steps=2)
+    model.fit(lik, x, y, epochs=2)
+    return model, lik, x, y, args
+
+
+@pytest.mark.parametrize("classification", [False, True])
+def test_gwi_round_trip(classification, tmp_path):
+    from gpext.models import GWIClassificationModel
+
+    cls = GWIClassificationModel if classification else GWIRegressionModel
+    model, lik, x, y, args = _gwi_fitted(cls, classification)
+    # the documented construction: from_data on the same data, then the saved state
+    fresh, fresh_lik = cls.from_data(x, y, *args, num_inducing=6, prior_steps=1)
+    fresh = _round_trip(model, fresh, tmp_path)
+    fresh_lik.load_state_dict(lik.state_dict())
+    if classification:
+        torch.testing.assert_close(
+            fresh.predict_proba(fresh_lik, x[:5]), model.predict_proba(lik, x[:5]), rtol=0, atol=0
+        )
+    else:
+        for a, b in zip(fresh.predict(fresh_lik, x[:5]), model.predict(lik, x[:5])):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_ign_round_trip(tmp_path):
+    x, y = _xy(dtype=torch.float32)
+    model = InducingGPNetwork(MLP(2, [8], 2), num_inducing=4)
+    model.fit(x, y, epochs=2)
+    fresh = _round_trip(model, InducingGPNetwork(MLP(2, [8], 2), num_inducing=4), tmp_path)
+    for a, b in zip(fresh.predict(x[:5]), model.predict(x[:5])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("classification", [False, True])
+def test_vboot_round_trip(classification, tmp_path):
+    from gpext.bootstrap import VBootMLP, VBootRFF
+
+    x, y = _xy(classification)
+    task = {"task": "classification", "num_classes": 3} if classification else {}
+    for make, fit in (
+        (lambda: VBootMLP(2, (8,), dtype=torch.float64, **task), {"num_epochs": 2}),
+        (lambda: VBootRFF(16, 2, lengthscale=1.0, outputscale=1.0, **task), {}),
+    ):
+        model = make()
+        model.fit(x, y, **fit)
+        fresh = _round_trip(model, make(), tmp_path)
+        torch.testing.assert_close(fresh(x[:5]), model(x[:5]), rtol=0, atol=0)
+
+
+def test_ensemble_mlp_round_trip(tmp_path):
+    from gpext.bootstrap import EnsembleMLP
+
+    net = EnsembleMLP(3, 2, 1, [4], dtype=torch.float64)
+    fresh = _round_trip(net, EnsembleMLP(3, 2, 1, [4], dtype=torch.float64), tmp_path)
+    x, _ = _xy()
+    torch.testing.assert_close(fresh(x), net(x), rtol=0, atol=0)
+
+
+def test_incremental_kpca_round_trip(tmp_path):
+    import gpytorch
+
+    from gpext.operators import IncrementalKPCA
+
+    x, _ = _xy()
+    kpca = IncrementalKPCA(gpytorch.kernels.RBFKernel()).fit(x)
+    fresh = _round_trip(kpca, IncrementalKPCA(gpytorch.kernels.RBFKernel()), tmp_path)
+    torch.testing.assert_close(fresh.transform(x[:5]), kpca.transform(x[:5]), rtol=0, atol=0)
+
+
+def test_weight_posteriors_round_trip(tmp_path):
+    from gpext.subspace import MeanFieldGaussian, MultiSWAG, OnlineFactorAnalysis
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    swag = SWAG(w.mean(0), w.square().mean(0), w[:4] - w.mean(0))
+    fresh_swag = SWAG(torch.zeros(5), torch.ones(5), torch.zeros(4, 5)).double()
+    ofa = OnlineFactorAnalysis(5, 2, warmup=0).update(w)
+    q = MeanFieldGaussian(5)
+    q.set_moments(w[0], w[1].abs())
+    multi = MultiSWAG([swag, SWAG(w.mean(0), w.square().mean(0), w[4:8] - w.mean(0))])
+    for model, fresh in (
+        (swag, fresh_swag),
+        (ofa, OnlineFactorAnalysis(5, 2, warmup=0)),
+        (q, MeanFieldGaussian(5)),
+        (
+            multi,
+            MultiSWAG(
+                [fresh_swag, SWAG(torch.zeros(5), torch.ones(5), torch.zeros(4, 5)).double()]
+            ),
+        ),
+    ):
+        fresh = _round_trip(model, fresh, tmp_path)
+        if isinstance(model, MeanFieldGaussian):
+            a = fresh.rsample(3, generator=torch.Generator().manual_seed(1))
+            b = model.rsample(3, generator=torch.Generator().manual_seed(1))
+        else:
+            a, b = fresh.log_prob(w), model.log_prob(w)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

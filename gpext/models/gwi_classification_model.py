@@ -26,12 +26,12 @@ from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.models.gwi_model import GWIModel
 from gpext.nn import SmallCNN
 from gpext.utils import (
-    as_float_tensor,
     as_model_input,
     check_finite,
     check_labels,
     check_positive_int,
 )
+from gpext.utils.validation import as_fit_input, check_rows
 from gpext.variational import WassersteinNetworkMean
 
 __all__ = ["GWIClassificationModel"]
@@ -134,7 +134,12 @@ class GWIClassificationModel(GWIModel):
         from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
 
         j = check_positive_int(num_classes, "num_classes", minimum=2)
-        x = as_float_tensor(x, f"{cls.__name__}.from_data(x)")  # numpy / sequences too
+        # numpy / sequences too; the model adopts the data's dtype (float32 or float64)
+        x = as_fit_input(x, f"{cls.__name__}.from_data(x)")
+        if x.dim() == 2 and x.shape[0] == 0:
+            raise InputDataError(
+                expected_got(f"{cls.__name__}.from_data(x)", "at least one row", tuple(x.shape))
+            )
         y = torch.as_tensor(y).to(x.device) if not isinstance(y, torch.Tensor) else y
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
@@ -203,6 +208,10 @@ class GWIClassificationModel(GWIModel):
             x, self.variational_strategy.inducing_points, f"{type(self).__name__}.predict(x)"
         )
         self._check_fitted()
+        check_rows(
+            x, f"{type(self).__name__}.predict(x)",
+            num_features=self.variational_strategy.inducing_points.shape[-1],
+        )  # fmt: skip
         self.eval()
         out = []
         with torch.no_grad():

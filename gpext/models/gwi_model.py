@@ -38,6 +38,7 @@ from gpext.mlls.gwi_objective import _check_beta
 from gpext.models.greedy_inducing_subset import greedy_inducing_subset
 from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.utils import as_model_input, check_finite, check_positive_int
+from gpext.utils.validation import check_rows
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
 
 # fit_exact_prior, greedy_inducing_subset and the kernel-expansion mean live in their own modules
@@ -250,7 +251,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
                              "0 or None when x_val and y_val are given", validation_fraction)
             )  # fmt: skip
         # checked before any parameter moves: a NaN target used to fill the model with NaN
-        check_finite(x, f"{type(self).__name__}.fit: x")
+        check_rows(x, f"{type(self).__name__}.fit: x", num_features=like.shape[-1])
         y = self._check_targets(y, f"{type(self).__name__}.fit: y")
         if x_val is not None:
             if x_val.dim() != 2 or y_val.dim() != 1 or y_val.shape[0] != x_val.shape[0]:

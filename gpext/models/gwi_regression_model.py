@@ -26,6 +26,7 @@ from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducin
 from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.models.gwi_model import GWIModel
 from gpext.utils import as_float_tensor, as_model_input, check_finite
+from gpext.utils.validation import as_fit_input, check_rows
 from gpext.variational import WassersteinNetworkMean
 
 __all__ = ["GWIRegressionModel"]
@@ -129,7 +130,12 @@ class GWIRegressionModel(GWIModel):
             InputDataError: If ``mean`` or ``inducing`` is not one of the listed options, or
                 ``x`` or ``y`` has NaN or infinite entries.
         """
-        x = as_float_tensor(x, f"{cls.__name__}.from_data(x)")  # numpy / sequences too
+        # numpy / sequences too; the model adopts the data's dtype (float32 or float64)
+        x = as_fit_input(x, f"{cls.__name__}.from_data(x)")
+        if x.dim() == 2 and x.shape[0] == 0:
+            raise InputDataError(
+                expected_got(f"{cls.__name__}.from_data(x)", "at least one row", tuple(x.shape))
+            )
         y = as_float_tensor(y, f"{cls.__name__}.from_data(y)", dtype=x.dtype).to(x.device)
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
@@ -197,6 +203,10 @@ class GWIRegressionModel(GWIModel):
             x, self.variational_strategy.inducing_points, f"{type(self).__name__}.predict(x)"
         )
         self._check_fitted()
+        check_rows(
+            x, f"{type(self).__name__}.predict(x)",
+            num_features=self.variational_strategy.inducing_points.shape[-1],
+        )  # fmt: skip
         self.eval()
         means, variances = [], []
         with torch.no_grad():

@@ -28,6 +28,7 @@ from gpext.utils import (
     check_positive_int,
     progress_bar,
 )
+from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["IncrementalKPCA"]
 
@@ -485,6 +486,8 @@ class IncrementalKPCA(torch.nn.Module):
             raise NotFittedError("IncrementalKPCA: no points yet. Call update(x) or fit(x) first.")
 
     def _check_x(self, x: torch.Tensor, method: str) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):  # float32 / float64 / integers go to the model's dtype
+            check_not_low_precision(x, f"IncrementalKPCA.{method}.x")
         x = as_float_tensor(x, f"IncrementalKPCA.{method}.x", dtype=self.dtype)
         x = x.to(self._evals.device)
         if x.dim() == 1 and method == "update":

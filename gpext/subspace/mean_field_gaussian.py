@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import check_finite, check_positive_int
+from gpext.utils import as_float_tensor, check_finite, check_positive_int
+from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["MeanFieldGaussian"]
 
@@ -77,9 +78,16 @@ class MeanFieldGaussian(nn.Module):
 
         Raises:
             ShapeError: If a shape is not ``(r,)``.
-            InputDataError: If an entry is not finite.
+            InputDataError: If an entry is not finite or a standard deviation is negative.
+            InputTypeError: If a value is not numeric or is a float16 / bfloat16 tensor.
         """
+        checked = []
         for value, name in ((loc, "loc"), (scale, "scale")):
+            what = f"MeanFieldGaussian.set_moments({name})"
+            if isinstance(value, torch.Tensor):  # other float dtypes go to the model's dtype
+                check_not_low_precision(value, what)
+            value = as_float_tensor(value, what, dtype=self.loc.dtype).to(self.loc.device)
+            checked.append(value)
             if value.shape != (self.dim,):
                 raise ShapeError(
                     expected_got(
@@ -88,7 +96,15 @@ class MeanFieldGaussian(nn.Module):
                         tuple(value.shape),
                     )
                 )
-            check_finite(value, f"MeanFieldGaussian.set_moments({name})")
+            check_finite(value, what)
+        loc, scale = checked
+        if not bool((scale >= 0).all()):
+            raise InputDataError(
+                expected_got(
+                    "MeanFieldGaussian.set_moments(scale)", "standard deviations >= 0",
+                    f"minimum {float(scale.min()):.3g}",
+                )
+            )  # fmt: skip
         excess = (scale.to(self.rho) - _STD_FLOOR).clamp_min(1e-3 * _STD_FLOOR)
         # the inverse of softplus, stable for large arguments: s + log(1 - exp(-s))
         self.loc.copy_(loc.to(self.loc))

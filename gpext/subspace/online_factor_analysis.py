@@ -17,6 +17,7 @@ from gpext.errors import (
 )
 from gpext.subspace.weight_posterior import LowRankGaussianWeightPosterior
 from gpext.utils import as_float_tensor, check_finite, check_float_dtype, check_positive_int
+from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["OnlineFactorAnalysis"]
 
@@ -216,16 +217,15 @@ class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
             InputDataError: If an observation is not finite (the state is left unchanged).
             NumericalError: If the update produced non-finite values.
         """
-        x = as_float_tensor(theta, "OnlineFactorAnalysis.update(theta)", dtype=self.mean.dtype).to(
-            self.mean.device
-        )
+        what = "OnlineFactorAnalysis.update(theta)"
+        if isinstance(theta, torch.Tensor):  # float32 weights go to the model's dtype
+            check_not_low_precision(theta, what)
+        x = as_float_tensor(theta, what, dtype=self.mean.dtype).to(self.mean.device)
         x = x.unsqueeze(0) if x.dim() == 1 else x
         if x.dim() != 2 or x.shape[-1] != self.dim:
-            raise ShapeError(
-                expected_got(
-                    "OnlineFactorAnalysis.update(theta)", f"shape (T, {self.dim})", tuple(x.shape)
-                )
-            )
+            raise ShapeError(expected_got(what, f"shape (T, {self.dim})", tuple(x.shape)))
+        if x.shape[0] == 0:
+            raise InputDataError(expected_got(what, "at least one observation", tuple(x.shape)))
         check_finite(x, "OnlineFactorAnalysis.update(theta)")
         with torch.no_grad():
             self._run(x)

@@ -10,6 +10,7 @@ from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_go
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.subspace.weight_posterior import LowRankGaussianWeightPosterior
 from gpext.utils import as_float_tensor, check_finite
+from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["SWAG"]
 
@@ -85,6 +86,10 @@ class SWAG(LowRankGaussianWeightPosterior):
                 )
             )
         # numpy arrays and sequences are accepted like tensors (the mean's dtype for the rest)
+        for name, value in (("mean", mean), ("sq_mean", sq_mean), ("variance", variance),
+                            ("deviations", deviations)):  # fmt: skip
+            if isinstance(value, torch.Tensor):
+                check_not_low_precision(value, f"SWAG({name})")
         mean = as_float_tensor(mean, "SWAG(mean)")
         if sq_mean is not None:
             sq_mean = as_float_tensor(sq_mean, "SWAG(sq_mean)", dtype=mean.dtype).to(mean.device)
@@ -107,6 +112,10 @@ class SWAG(LowRankGaussianWeightPosterior):
                 expected_got(
                     "SWAG(deviations)", f"shape (K, {mean.shape[0]})", tuple(deviations.shape)
                 )
+            )
+        if mean.shape[0] == 0:
+            raise InputDataError(
+                expected_got("SWAG(mean)", "at least one weight", "an empty vector")
             )
         if deviations.shape[0] < 2:
             raise InputDataError(
