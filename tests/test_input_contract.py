@@ -167,3 +167,18 @@ def test_weight_posteriors_round_trip(tmp_path):
         else:
             a, b = fresh.log_prob(w), model.log_prob(w)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_package_is_typed():
+    """PEP 561 marker, shipped as package data."""
+    import pathlib
+
+    import gpext
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    assert (pathlib.Path(gpext.__file__).parent / "py.typed").is_file()
+    root = pathlib.Path(gpext.__file__).parent.parent
+    if (root / "pyproject.toml").is_file():
+        config = tomllib.loads((root / "pyproject.toml").read_text())
+        assert "py.typed" in config["tool"]["setuptools"]["package-data"]["gpext"]
