@@ -76,6 +76,8 @@ class Case:
     predict_overrides: dict = field(default_factory=dict)
     #: integer tensors are converted to the model's dtype (else passed on as they are)
     converts_integers: bool = True
+    #: further entry points of a fitted model, called as ``f(model, x, y)``
+    extra: dict = field(default_factory=dict)
 
 
 def _gwi_reg_make():
@@ -116,6 +118,14 @@ def _gwi_clf_predict(state, x):
     return state["model"].predict_proba(state["lik"], x)
 
 
+def _gwi_select_temperature(state, x, y):
+    return state["model"].select_temperature(state["lik"], x, y, temperatures=[0.5, 1.0])
+
+
+def _thetas(model):
+    return model.sample_vi(3, generator=torch.Generator().manual_seed(0))
+
+
 def _subspace_make(dtype=torch.float64):
     net = nn.Linear(D, 1).to(dtype)
     flat = FlatParameters(net)
@@ -137,6 +147,7 @@ CASES = [
         lambda m, x, y: m.fit(x, y, max_iter=2),
         lambda m, x: m.predict_proba(x, num_samples=8),
         classification=True,
+        extra={"get_fantasy_model": lambda m, x, y: m.get_fantasy_model(x, y)},
     ),
     Case(
         "DirichletGPClassifier-sparse",
@@ -162,6 +173,7 @@ CASES = [
         lambda m, x, y: m.fit(x, y, num_epochs=1),
         lambda m, x: m(x),
         fit_overrides={"x-float16": InputDataError},  # pinned by tests/bootstrap
+        extra={"predict_mixture": lambda m, x, y: m.predict_mixture(x)},
     ),
     Case(
         "VBootMLP-classification",
@@ -177,6 +189,10 @@ CASES = [
         lambda m, x, y: m.fit(x, y, generator=torch.Generator().manual_seed(0)),
         lambda m, x: m(x),
         fit_overrides={"x-float16": InputDataError},
+        extra={
+            "features": lambda m, x, y: m.features(x),
+            "predict_mixture": lambda m, x, y: m.predict_mixture(x),
+        },
     ),
     Case(
         "VBootRFF-classification",
@@ -197,6 +213,14 @@ CASES = [
         fit_overrides={"x-1d": InputDataError},
         predict_overrides={"x-1d": InputDataError, "x-wrong-d": InputDataError},
         converts_integers=False,  # integer inputs (e.g. token indices) go to the network as is
+        extra={
+            "sample_ess": lambda m, x, y: m.sample_ess(x, y, 2),
+            "calibrate_variance": lambda m, x, y: m.calibrate_variance(x, y, _thetas(m)),
+            "check_fit": lambda m, x, y: m.check_fit(x, y, _thetas(m)),
+            "select_temperature": lambda m, x, y: m.select_temperature(
+                *_data(), x, y, temperatures=[1.0], num_samples=2, burn_in=0
+            ),
+        },
     ),
     Case(
         "IncrementalKPCA",
@@ -204,6 +228,10 @@ CASES = [
         lambda m, x, y: m.fit(x),
         lambda m, x: m.transform(x),
         predict_overrides={"x-other-float": None},  # converted to the declared dtype
+        extra={
+            "update": lambda m, x, y: m.update(x),
+            "nystrom": lambda m, x, y: m.nystrom(x),
+        },
     ),
 ]
 
@@ -350,6 +378,53 @@ def test_predict_rejects_bad_inputs(case, label, x, err, fitted_models):
         return
     with pytest.raises(err):
         case.predict(fitted_models[case.name], x)
+
+
+EXTRA_PARAMS = [
+    pytest.param(
+        case,
+        method,
+        label,
+        x,
+        case.predict_overrides.get(label, err),
+        id=f"{case.name}.{method}-{label}",
+        marks=case.marks,
+    )  # fmt: skip
+    for case in CASES
+    for method in case.extra
+    for label, x, err in _bad_predict_inputs(case)
+]
+
+
+@pytest.mark.parametrize(("case", "method", "label", "x", "err"), EXTRA_PARAMS)
+def test_other_entry_points_reject_bad_inputs(case, method, label, x, err, fitted_models):
+    """get_fantasy_model, select_temperature, sample_ess, update, ... under the same contract."""
+    if case.name not in fitted_models:
+        fitted_models[case.name] = _fitted(case)
+    _, y = _data(case.dtype, case.classification)
+    y = y[: x.shape[0]] if x.dim() == 2 else y[:4]
+    call = case.extra[method]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GpextWarning)
+        if err is None:
+            call(fitted_models[case.name], x, y)
+            return
+        with pytest.raises(err):
+            call(fitted_models[case.name], x, y)
+
+
+@pytest.mark.parametrize(
+    ("case", "method"),
+    [pytest.param(c, m, id=f"{c.name}.{m}", marks=c.marks) for c in CASES for m in c.extra],
+)
+def test_other_entry_points_accept_numpy_and_lists(case, method, fitted_models):
+    if case.name not in fitted_models:
+        fitted_models[case.name] = _fitted(case)
+    x, y = _data(case.dtype, case.classification)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GpextWarning)
+        case.extra[method](fitted_models[case.name], _np(x[:6]), _np(y[:6]))
+        case.extra[method](fitted_models[case.name], x[:6].tolist(), y[:6].tolist())
 
 
 # ---------------------------------------------------------------- weight posteriors and blocks

@@ -24,7 +24,7 @@ import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
 
-from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
+from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
 from gpext.fit import (
     FitResult,
@@ -262,7 +262,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
                         f"{tuple(x_val.shape)}, {tuple(y_val.shape)}",
                     )
                 )
-            check_finite(x_val, f"{type(self).__name__}.fit: x_val")
+            check_rows(x_val, f"{type(self).__name__}.fit: x_val", num_features=like.shape[-1])
             y_val = self._check_targets(y_val, f"{type(self).__name__}.fit: y_val")
         n_val = int(round(float(validation_fraction) * x.shape[0]))
         if auto_split and n_val > 0:  # the temperature's relative sd is sqrt(2 / n_val)
@@ -376,10 +376,12 @@ class GWIModel(gpytorch.models.ApproximateGP):
             density of every grid value in ``scores``.
 
         Raises:
-            InputDataError: If a temperature is not positive.
+            InputDataError: If a temperature is not positive, or the validation data are empty
+                or not finite.
+            ShapeError: If ``x_val`` is not ``(N_val, D)`` or ``y_val`` not ``(N_val,)``.
+            NotFittedError: Before :meth:`fit`.
         """
-        if not isinstance(x_val, torch.Tensor):
-            raise InputTypeError(expected_got("x_val", "a torch.Tensor", type(x_val).__name__))
+        x_val, y_val = self._check_validation(x_val, y_val, "select_temperature")
         if temperatures is None:
             lo, hi = self.default_temperature_range
             temperatures = torch.logspace(math.log10(lo), math.log10(hi), 31)
@@ -420,6 +422,20 @@ class GWIModel(gpytorch.models.ApproximateGP):
             The chosen temperature (also stored in ``self.temperature``).
         """
         return self.select_temperature(likelihood, x_val, y_val, grid).temperature
+
+    def _check_validation(self, x_val, y_val, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validation data under the input contract of :meth:`fit` (numpy / sequences too)."""
+        like = self.variational_strategy.inducing_points
+        name = f"{type(self).__name__}.{method}"
+        x_val = as_model_input(x_val, like, f"{name}(x_val)")
+        self._check_fitted()
+        check_rows(x_val, f"{name}(x_val)", num_features=like.shape[-1])
+        y_val = _as_targets(y_val, like)
+        if y_val.dim() != 1 or y_val.shape[0] != x_val.shape[0]:
+            raise ShapeError(
+                expected_got(f"{name}(y_val)", f"shape ({x_val.shape[0]},)", tuple(y_val.shape))
+            )
+        return x_val, self._check_targets(y_val, f"{name}(y_val)")
 
     def _check_fitted(self) -> None:
         if not self.variational_strategy.variational_params_initialized.item():
