@@ -49,6 +49,10 @@ from gpext_bench.registry import BenchConfig, Prediction, register_method
 __all__ = [
     "ENSEMBLE_SIZE",
     "MULTISWAG_COMPONENTS",
+    "fit_predict_deep_ensemble",
+    "fit_predict_laplace_kron",
+    "fit_predict_laplace_last_layer",
+    "fit_predict_multiswag",
     "train_map_network",
 ]
 
