@@ -575,3 +575,52 @@ def test_ensemble_mlp_forward_accepts_numpy_and_integers():
         == net(torch.zeros(3, D, dtype=torch.long)).shape
     )
     assert net(x.tolist()).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- bootstrap fit functions
+def _bad_matrices():
+    x, _ = _data()
+    x_nan = x.clone()
+    x_nan[0, 1] = float("nan")
+    return [
+        ("nan", x_nan, InputDataError),
+        ("1d", x[:, 0], ShapeError),
+        ("3d", x[None], ShapeError),
+        ("empty", x[:0], InputDataError),
+        ("float16", x.half(), InputDataError),  # check_float_dtype, as VBootMLP/VBootRFF.fit
+        ("bool", x > 0, InputTypeError),
+        ("string", "abc", GpextError),
+    ]
+
+
+def _kernel_fit(x, y):
+    from gpext.bootstrap import fit_kernel_hyperparameters
+
+    return fit_kernel_hyperparameters(x, y, num_iters=2, fallback_iters=2)
+
+
+def _perturbed_map(x, y):
+    from gpext.bootstrap import solve_perturbed_map
+
+    y = torch.as_tensor(np.asarray(y)).reshape(-1, 1)
+    return solve_perturbed_map(x, y, torch.full(y.shape, 0.1), 1.0, 2)
+
+
+@pytest.mark.parametrize("func", [_kernel_fit, _perturbed_map], ids=["kernel_fit", "perturbed_map"])
+@pytest.mark.parametrize(
+    ("label", "x", "err"), _bad_matrices(), ids=[b[0] for b in _bad_matrices()]
+)
+def test_bootstrap_functions_reject_bad_inputs(func, label, x, err):
+    _, y = _data()
+    with warnings.catch_warnings(), pytest.raises(err):
+        warnings.simplefilter("ignore", GpextWarning)
+        func(x, y[: x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() == 2 else y)
+
+
+@pytest.mark.parametrize("func", [_kernel_fit, _perturbed_map], ids=["kernel_fit", "perturbed_map"])
+def test_bootstrap_functions_accept_numpy_and_lists(func):
+    x, y = _data()
+    with warnings.catch_warnings():  # AttributeError ('numpy.ndarray' has no 'dim') before
+        warnings.simplefilter("ignore", GpextWarning)
+        func(_np(x), _np(y))
+        func(x.tolist(), y.tolist())

@@ -24,7 +24,15 @@ from __future__ import annotations
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import check_finite, check_positive_int, progress_bar, safe_cholesky
+from gpext.utils import (
+    as_float_tensor,
+    check_finite,
+    check_float_dtype,
+    check_positive_int,
+    progress_bar,
+    safe_cholesky,
+)
+from gpext.utils.validation import as_fit_input
 
 __all__ = ["solve_perturbed_map"]
 
@@ -146,6 +154,17 @@ def solve_perturbed_map(
     if method not in METHODS:
         raise InputDataError(
             expected_got("solve_perturbed_map.method", f"one of {METHODS}", repr(method))
+        )
+    # one input contract: numpy / sequences / integers converted, the features' float dtype kept
+    if isinstance(features, torch.Tensor) and features.is_floating_point():
+        check_float_dtype(features.dtype, "solve_perturbed_map.features.dtype")
+    features = as_fit_input(features, "solve_perturbed_map.features")
+    targets = as_float_tensor(targets, "solve_perturbed_map.targets", dtype=features.dtype)
+    noise = as_float_tensor(noise, "solve_perturbed_map.noise", dtype=features.dtype)
+    targets, noise = targets.to(features.device), noise.to(features.device)
+    if features.dim() == 2 and features.shape[0] == 0:
+        raise InputDataError(
+            expected_got("solve_perturbed_map.features", "at least one row", tuple(features.shape))
         )
     if features.dim() != 2 or targets.dim() != 2 or targets.shape[0] != features.shape[0]:
         raise ShapeError(

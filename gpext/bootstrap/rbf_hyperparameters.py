@@ -16,7 +16,8 @@ import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.fit import FitResult, build_exact_gp, fit_exact_gp
-from gpext.utils import check_finite, check_positive_int
+from gpext.utils import as_float_tensor, check_finite, check_float_dtype, check_positive_int
+from gpext.utils.validation import as_fit_input
 
 __all__ = [
     "KERNEL_NAMES",
@@ -133,7 +134,16 @@ def fit_kernel_hyperparameters(
     fallback_iters = check_positive_int(fallback_iters, f"{name}.fallback_iters")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise InputDataError(expected_got(f"{name}.lr", "a number > 0", lr))
+    # one input contract: numpy / sequences / integers converted, the data's float dtype kept
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        check_float_dtype(x.dtype, f"{name}.x.dtype")
+    x = as_fit_input(x, f"{name}.x")
+    targets = as_float_tensor(targets, f"{name}.targets", dtype=x.dtype).to(x.device)
+    if noise is not None:
+        noise = as_float_tensor(noise, f"{name}.noise", dtype=x.dtype).to(x.device)
     y = targets.unsqueeze(-1) if targets.dim() == 1 else targets
+    if x.dim() == 2 and x.shape[0] == 0:
+        raise InputDataError(expected_got(f"{name}.x", "at least one row", tuple(x.shape)))
     if x.dim() != 2 or y.dim() != 2 or y.shape[0] != x.shape[0]:
         raise ShapeError(
             expected_got(
