@@ -182,3 +182,20 @@ def test_package_is_typed():
     if (root / "pyproject.toml").is_file():
         config = tomllib.loads((root / "pyproject.toml").read_text())
         assert "py.typed" in config["tool"]["setuptools"]["package-data"]["gpext"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_follows_the_model():
+    from gpext.models import DirichletGPClassifier
+
+    x, y = _xy(classification=True)
+    clf = DirichletGPClassifier(3)
+    clf.fit(x.cuda(), y.cuda(), max_iter=2)
+    assert clf.predict_latent(x[:3].numpy())[0].device.type == "cuda"  # numpy goes to the model
+    with pytest.raises(InputTypeError, match="device"):
+        clf.predict_latent(x[:3])
+    model, lik = GWIRegressionModel.from_data(x.cuda(), torch.sin(x[:, 0]).cuda(), prior_steps=2)
+    model.fit(lik, x.cuda(), torch.sin(x[:, 0]).cuda(), epochs=1)
+    with pytest.raises(InputTypeError, match="device"):
+        model.predict(lik, x[:3])
+    assert model.predict(lik, x[:3].tolist())[0].device.type == "cuda"

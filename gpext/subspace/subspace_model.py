@@ -169,6 +169,7 @@ class SubspaceModel(nn.Module):
         if not has_batch_norm(self.module):
             self.bn_buffers = None
             return None
+        x = self._check_inputs(x, "SubspaceModel.refresh_batch_norm(x)")
         work = copy.deepcopy(self.module)
         self.flat.assign(self.center, work)
         refresh_batch_norm(work, x, batch_size=batch_size)
