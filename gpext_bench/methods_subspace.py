@@ -53,6 +53,11 @@ depends on the chosen recipe) and its own time.
 * ``swag``: SWAG (diagonal + rank-20 low-rank, scale 0.5) over every collection, 30 samples;
   ``swag_tuned`` (not a default): the same at the scale :func:`swag_scale` chose on the
   validation rows;
+* ``subspace_swa_homo``, ``swag_tuned_homo``, ``pca_ess_homo`` (not defaults): the same
+  protocol (recipe search, validation rows, temperature grid) with a homoscedastic network,
+  :class:`~gpext.nn.MLP` with one output and noise learned during training
+  (``OutputLikelihood("homoscedastic_gaussian")``: the maximum-likelihood noise at the SWA
+  mean of its own run), a second shared run per split;
 * ``pca_ess`` / ``pca_vi``: :class:`~gpext.subspace.PCASubspace` of the last 20 deviations;
 * ``inkpca_ess`` / ``inkpca_vi``: :class:`~gpext.subspace.InKPCASubspace` with an RBF kernel over
   the collected deviations in arrival order; its lengthscale is the median pairwise distance of
@@ -105,6 +110,7 @@ from gpext.subspace import (
     TrainingRecipe,
     predict_weight_samples,
     regression_mixture_log_likelihood,
+    regression_network,
     select_recipe,
     select_swag_scale,
     temperature_grid,
@@ -127,11 +133,14 @@ __all__ = [
     "fit_predict_inkpca_ess",
     "fit_predict_inkpca_vi",
     "fit_predict_pca_ess",
+    "fit_predict_pca_ess_homo",
     "fit_predict_pca_vi",
     "fit_predict_sgd",
     "fit_predict_swa",
+    "fit_predict_swa_homo",
     "fit_predict_swag",
     "fit_predict_swag_tuned",
+    "fit_predict_swag_tuned_homo",
     "fit_subspace_run",
     "inkpca_feed_every",
     "recipe_candidates",
@@ -141,7 +150,8 @@ __all__ = [
     "training_recipe",
 ]
 
-_LIKELIHOOD = OutputLikelihood("heteroscedastic_gaussian", min_variance=1e-6)
+HETEROSCEDASTIC, HOMOSCEDASTIC = "heteroscedastic_gaussian", "homoscedastic_gaussian"
+_LIKELIHOOD = OutputLikelihood(HETEROSCEDASTIC, min_variance=1e-6)
 _CACHE: dict[tuple, SubspaceRun] = {}
 MAX_GRAD_NORM = 10.0
 VI_BATCH_SIZE = 1000
@@ -243,6 +253,9 @@ class SubspaceRun:
         self.recipe: TrainingRecipe | None = None
         self.recipe_search: RecipeSelection | None = None
         self.recipe_name: str | None = None
+        #: The output likelihood the network was trained with (its own object when the noise
+        #: is learned).
+        self.likelihood: OutputLikelihood = _LIKELIHOOD
 
     def temperature_exponent(self, subspace: str, config: BenchConfig) -> float:
         """Exponent ``e`` (``T = (N / rank)^e``) chosen for ``subspace`` by
@@ -348,6 +361,7 @@ def fit_subspace_run(
     epochs: int | None = None,
     rank: int = 20,
     validation_fraction: float = VALIDATION_FRACTION,
+    likelihood: str = HETEROSCEDASTIC,
 ) -> SubspaceRun:
     """Train (or fetch from the cache) the shared network and trajectory of a split.
 
@@ -380,10 +394,20 @@ def fit_subspace_run(
             (:meth:`TrainingRecipe.with_epochs`: collection over the same fraction).
         rank: Subspace rank, SWAG deviations and factors.
         validation_fraction: Fraction of the training rows held out, in ``[0, 0.5]``.
+        likelihood: ``"heteroscedastic_gaussian"`` (the protocol's
+            :class:`~gpext.nn.HeteroscedasticMLP`) or ``"homoscedastic_gaussian"`` (an
+            :class:`~gpext.nn.MLP` with one output and learned noise; the ``*_homo`` methods).
+            The cache keeps one run per likelihood of the current split.
 
     Raises:
-        InputDataError: If ``validation_fraction`` is outside ``[0, 0.5]``.
+        InputDataError: If ``validation_fraction`` is outside ``[0, 0.5]`` or the likelihood
+            is not one of the two.
     """
+    if likelihood not in (HETEROSCEDASTIC, HOMOSCEDASTIC):
+        raise InputDataError(
+            expected_got("fit_subspace_run.likelihood", f"{HETEROSCEDASTIC!r} or "
+                         f"{HOMOSCEDASTIC!r}", likelihood)
+        )  # fmt: skip
     if not 0 <= validation_fraction <= 0.5:
         raise InputDataError(
             expected_got(
@@ -396,10 +420,12 @@ def fit_subspace_run(
         candidates = {"given": recipe if epochs is None else recipe.with_epochs(epochs)}
     else:
         candidates = recipe_candidates(split.name, config.quick)
-    key = (split.name, split.split_index, split.num_train, config.seed, config.quick, config.dtype)
+    base = (split.name, split.split_index, split.num_train, config.seed, config.quick, config.dtype)
+    key = (*base, likelihood)
     if key in _CACHE:
         return _CACHE[key]
-    _CACHE.clear()
+    for old in [k for k in _CACHE if k[:-1] != base]:
+        del _CACHE[old]
     seed = config.seed + split.split_index
     all_x = split.train_x.to(config.device, config.dtype)
     all_y = split.train_y.to(config.device, config.dtype)
@@ -413,18 +439,25 @@ def fit_subspace_run(
         fit_idx = perm[n_val:].sort().values.to(all_x.device)
         data = (all_x[fit_idx], all_y[fit_idx], all_x[val_idx], all_y[val_idx])
         if len(candidates) == 1:
-            selection_run = _train_run(data, candidates[name], rank, seed, config)
+            selection_run = _train_run(data, candidates[name], rank, seed, config, likelihood)
         else:
-            name, selection_run, search = _select_recipe(candidates, data, rank, seed, config)
+            name, selection_run, search = _select_recipe(
+                candidates, data, rank, seed, config, likelihood
+            )
     empty = all_x[:0], all_y[:0]
-    run = _train_run((all_x, all_y, *empty), candidates[name], rank, seed, config)
+    run = _train_run((all_x, all_y, *empty), candidates[name], rank, seed, config, likelihood)
     run.selection_run, run.recipe_search, run.recipe_name = selection_run, search, name
     _CACHE[key] = run
     return run
 
 
 def _select_recipe(
-    candidates: dict[str, TrainingRecipe], data: tuple, rank: int, seed: int, config: BenchConfig
+    candidates: dict[str, TrainingRecipe],
+    data: tuple,
+    rank: int,
+    seed: int,
+    config: BenchConfig,
+    likelihood: str = "heteroscedastic_gaussian",
 ) -> tuple[str, SubspaceRun, RecipeSelection]:
     """Train every candidate on the fit rows and keep the best by validation log-likelihood.
 
@@ -434,7 +467,7 @@ def _select_recipe(
     """
 
     def score(name: str, recipe: TrainingRecipe) -> tuple[float, SubspaceRun]:
-        run = _train_run(data, recipe, rank, seed, config)
+        run = _train_run(data, recipe, rank, seed, config, likelihood)
         best = -math.inf
         for subspace in ("pca", "inkpca"):
             try:
@@ -449,12 +482,22 @@ def _select_recipe(
 
 
 def _train_run(
-    data: tuple, recipe: TrainingRecipe, rank: int, seed: int, config: BenchConfig
+    data: tuple,
+    recipe: TrainingRecipe,
+    rank: int,
+    seed: int,
+    config: BenchConfig,
+    likelihood: str = "heteroscedastic_gaussian",
 ) -> SubspaceRun:
     x, y = data[0], data[1]
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    net = HeteroscedasticMLP(x.shape[-1], [50]).to(config.device, config.dtype)
+    if likelihood == HETEROSCEDASTIC:
+        lik = _LIKELIHOOD
+        net = HeteroscedasticMLP(x.shape[-1], [50]).to(config.device, config.dtype)
+    else:  # learned noise: one likelihood object per run
+        lik = OutputLikelihood(likelihood, min_variance=1e-6)
+        net = regression_network(lik, x.shape[-1], [50]).to(config.device, config.dtype)
     inkpca = DelayedRBFInKPCA(rank, feed_every=inkpca_feed_every(recipe.num_collections))
     fa = OnlineFactorAnalysis(
         sum(p.numel() for p in net.parameters()),
@@ -471,7 +514,7 @@ def _train_run(
         net,
         x,
         y,
-        _LIKELIHOOD,
+        lik,
         epochs=recipe.epochs,
         swa_start=recipe.collect_from,
         lr=recipe.lr,
@@ -487,7 +530,7 @@ def _train_run(
     )
     fa_feed.flush()
     run = SubspaceRun(net, traj, inkpca, fa, time.perf_counter() - t0, rank, data)
-    run.recipe = recipe
+    run.recipe, run.likelihood = recipe, lik
     return run
 
 
@@ -503,7 +546,7 @@ def _single(
     run: SubspaceRun, w: torch.Tensor, split: DatasetSplit, config: BenchConfig, t0: float
 ) -> Prediction:
     test_x = split.test_x.to(config.device, config.dtype)
-    pred = predict_weight_samples(run.net, w[None], test_x, _LIKELIHOOD)
+    pred = predict_weight_samples(run.net, w[None], test_x, run.likelihood)
     return _mixture(pred, _info(run, t0))
 
 
@@ -530,9 +573,11 @@ def fit_predict_sgd(split: DatasetSplit, config: BenchConfig) -> Prediction:
 @register_method(
     "subspace_swa", task="regression", description="Heteroscedastic MLP, SWA mean", default=False
 )
-def fit_predict_swa(split: DatasetSplit, config: BenchConfig) -> Prediction:
+def fit_predict_swa(
+    split: DatasetSplit, config: BenchConfig, likelihood: str = HETEROSCEDASTIC
+) -> Prediction:
     """The SWA mean of the shared run."""
-    run = fit_subspace_run(split, config)
+    run = fit_subspace_run(split, config, likelihood=likelihood)
     t0 = time.perf_counter()
     return _single(run, run.trajectory.swa_weights(), split, config, t0)
 
@@ -547,7 +592,7 @@ def fit_predict_swag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     gen = torch.Generator().manual_seed(config.seed)
     w = SWAG.from_trajectory(run.trajectory).sample(30, scale=0.5, generator=gen)
     pred = predict_weight_samples(
-        run.net, w, split.test_x.to(config.device, config.dtype), _LIKELIHOOD
+        run.net, w, split.test_x.to(config.device, config.dtype), run.likelihood
     )
     return _mixture(pred, _info(run, t0))
 
@@ -558,15 +603,17 @@ def fit_predict_swag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     description="SWAG (diag + rank 20), scale chosen on validation rows, 30 samples",
     default=False,
 )
-def fit_predict_swag_tuned(split: DatasetSplit, config: BenchConfig) -> Prediction:
+def fit_predict_swag_tuned(
+    split: DatasetSplit, config: BenchConfig, likelihood: str = HETEROSCEDASTIC
+) -> Prediction:
     """SWAG over the shared trajectory at the scale :func:`swag_scale` chose."""
-    run = fit_subspace_run(split, config)
+    run = fit_subspace_run(split, config, likelihood=likelihood)
     t0 = time.perf_counter()
     scale = swag_scale(run, config)
     gen = torch.Generator().manual_seed(config.seed)
     w = SWAG.from_trajectory(run.trajectory).sample(30, scale=scale, generator=gen)
     pred = predict_weight_samples(
-        run.net, w, split.test_x.to(config.device, config.dtype), _LIKELIHOOD
+        run.net, w, split.test_x.to(config.device, config.dtype), run.likelihood
     )
     info = _info(run, t0)
     sel = run.selection_run
@@ -589,8 +636,8 @@ def swag_scale(run: SubspaceRun, config: BenchConfig) -> float:
         gen = torch.Generator().manual_seed(config.seed)
         t0 = time.perf_counter()
         sel.swag_selection = select_swag_scale(
-            sel.net, SWAG.from_trajectory(sel.trajectory), sel.val_x, sel.val_y, _LIKELIHOOD,
-            num_samples=30, generator=gen,
+            sel.net, SWAG.from_trajectory(sel.trajectory), sel.val_x, sel.val_y, sel.likelihood,
+            num_samples=30, tune_noise=False, generator=gen,
         )  # fmt: skip
         sel.swag_seconds = time.perf_counter() - t0
     return float(sel.swag_selection.value)
@@ -609,7 +656,7 @@ def fit_predict_fa_swag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     gen = torch.Generator().manual_seed(config.seed)
     w = run.fa.sample(30, scale=1.0, generator=gen).to(config.dtype)
     pred = predict_weight_samples(
-        run.net, w, split.test_x.to(config.device, config.dtype), _LIKELIHOOD
+        run.net, w, split.test_x.to(config.device, config.dtype), run.likelihood
     )
     return _mixture(pred, _info(run, t0))
 
@@ -673,7 +720,7 @@ def _tempered_model(
         run.net,
         run.trajectory.swa_weights(),
         proj,
-        _LIKELIHOOD,
+        run.likelihood,
         prior_std=1.0,
         temperature=temperature,
     )
@@ -705,9 +752,13 @@ def _projection(run: SubspaceRun, subspace: str, config: BenchConfig) -> torch.T
 
 
 def _subspace_method(
-    split: DatasetSplit, config: BenchConfig, subspace: str, inference: str
+    split: DatasetSplit,
+    config: BenchConfig,
+    subspace: str,
+    inference: str,
+    likelihood: str = HETEROSCEDASTIC,
 ) -> Prediction:
-    run = fit_subspace_run(split, config)
+    run = fit_subspace_run(split, config, likelihood=likelihood)
     t0 = time.perf_counter()
     proj = _projection(run, subspace, config)
     exponent = run.temperature_exponent(subspace, config)
@@ -775,3 +826,36 @@ def fit_predict_inkpca_ess(split: DatasetSplit, config: BenchConfig) -> Predicti
 def fit_predict_inkpca_vi(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """InKPCA subspace + VI."""
     return _subspace_method(split, config, "inkpca", "vi")
+
+
+@register_method(
+    "subspace_swa_homo",
+    task="regression",
+    description="MLP with learned homoscedastic noise, SWA mean",
+    default=False,
+)
+def fit_predict_swa_homo(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """The SWA mean of the homoscedastic run (noise: its maximum-likelihood value there)."""
+    return fit_predict_swa(split, config, HOMOSCEDASTIC)
+
+
+@register_method(
+    "swag_tuned_homo",
+    task="regression",
+    description="Learned homoscedastic noise, SWAG at the validation scale, 30 samples",
+    default=False,
+)
+def fit_predict_swag_tuned_homo(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """:func:`fit_predict_swag_tuned` on the homoscedastic run."""
+    return fit_predict_swag_tuned(split, config, HOMOSCEDASTIC)
+
+
+@register_method(
+    "pca_ess_homo",
+    task="regression",
+    description="Learned homoscedastic noise, PCA subspace (rank 20) + ESS",
+    default=False,
+)
+def fit_predict_pca_ess_homo(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """PCA subspace + ESS on the homoscedastic run."""
+    return _subspace_method(split, config, "pca", "ess", HOMOSCEDASTIC)

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 import gpext_bench.methods_subspace as ms
@@ -30,4 +31,37 @@ def test_swag_tuned_uses_the_validation_scale():
     ms._CACHE.clear()
     run0 = ms.fit_subspace_run(split, config, epochs=24, rank=3, validation_fraction=0.0)
     assert ms.swag_scale(run0, config) == 0.5
+    ms._CACHE.clear()
+
+
+def test_homoscedastic_runs_and_methods():
+    from gpext.errors import InputDataError
+    from gpext.nn import MLP
+
+    split = load_dataset("diabetes", 2)
+    config = BenchConfig(quick=True, seed=5)
+    ms._CACHE.clear()
+    het = ms.fit_subspace_run(split, config, epochs=24, rank=3)
+    homo = ms.fit_subspace_run(split, config, epochs=24, rank=3, likelihood=ms.HOMOSCEDASTIC)
+    assert het.likelihood.kind == "heteroscedastic_gaussian"
+    assert homo.likelihood.kind == "homoscedastic_gaussian" and isinstance(homo.net, MLP)
+    assert homo.selection_run.likelihood is not homo.likelihood  # one learned noise per run
+    # the learned noise: the maximum-likelihood value at the SWA mean of the run
+    with torch.no_grad():
+        out = homo.trajectory.flat.functional_call(homo.trajectory.swa_weights(), homo.x)
+    assert math.isclose(homo.likelihood.noise_variance, float(((homo.y - out[:, 0]) ** 2).mean()),
+                        rel_tol=1e-5)  # fmt: skip
+    # both runs of the split stay cached; the registered methods find them
+    assert ms.fit_subspace_run(split, config) is het
+    assert ms.fit_subspace_run(split, config, likelihood=ms.HOMOSCEDASTIC) is homo
+    for name in ("subspace_swa_homo", "swag_tuned_homo", "pca_ess_homo"):
+        pred = get_method(name).fit_predict(split, config)
+        assert all(math.isfinite(v) for v in evaluate_prediction(split, pred).values()), name
+        # a constant noise: every sample predicts the run's learned variance
+        torch.testing.assert_close(
+            pred.mixture_variances,
+            torch.full_like(pred.mixture_variances, homo.likelihood.noise_variance),
+        )
+    with pytest.raises(InputDataError, match="likelihood"):
+        ms.fit_subspace_run(split, config, likelihood="student_t")
     ms._CACHE.clear()
