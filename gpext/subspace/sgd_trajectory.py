@@ -66,7 +66,11 @@ def train_sgd_trajectory(
     covers part of the residuals: tune it on held-out rows
     (:func:`~gpext.subspace.select_noise_variance`, :func:`~gpext.subspace.select_swag_scale`);
     the likelihood object is updated in place. This keeps the noise away from the optimiser's
-    weight decay and momentum and needs one extra forward pass, at the end.
+    weight decay and momentum and needs one extra forward pass, at the end. As the noise
+    shrinks the gradient of the mean grows like :math:`1 / \sigma^2` (as a heteroscedastic
+    head's does): pass ``max_grad_norm`` (the recipes use 10; on energy, split 0, without it a
+    homoscedastic network at ``lr = 1e-2`` ended at test RMSE 2.3 standard deviations of the
+    target, with it at 0.39).
 
     Args:
         module: The network (trained in place).

@@ -31,6 +31,8 @@ __all__ = ["fit_weight_ensemble"]
 
 METHODS = ("swag", "multiswag", "pca_ess", "pca_vi")
 LIKELIHOODS = ("auto", "homoscedastic", "heteroscedastic")
+#: Gradient-norm clipping of the homoscedastic network's training (as the benchmark's).
+MAX_GRAD_NORM = 10.0
 _KINDS = {"homoscedastic": "homoscedastic_gaussian", "heteroscedastic": "heteroscedastic_gaussian"}
 
 
@@ -45,7 +47,9 @@ def _train(kind, recipe, x, y, hidden, generator):
     """One network of ``kind`` trained with ``recipe``: ``(net, trajectory, likelihood)``."""
     likelihood = OutputLikelihood(kind, min_variance=1e-6)
     net = _new_network(kind, x.shape[-1], hidden, x.dtype, generator)
-    traj = recipe.train(net, x, y, likelihood, max_deviations=20, max_grad_norm=None,
+    # learned noise scales the mean's gradient by 1 / sigma^2 as sigma^2 shrinks: clip it
+    clip = MAX_GRAD_NORM if likelihood.learns_noise else None
+    traj = recipe.train(net, x, y, likelihood, max_deviations=20, max_grad_norm=clip,
                         generator=generator)  # fmt: skip
     return net, traj, likelihood
 
