@@ -119,8 +119,10 @@ def fit_weight_ensemble(
 
     * the output likelihood (``likelihood="auto"``): a homoscedastic network
       (:class:`~gpext.nn.MLP`, one output, noise learned:
-      ``OutputLikelihood("homoscedastic_gaussian")``) or a heteroscedastic one
-      (:class:`~gpext.nn.HeteroscedasticMLP`), :func:`~gpext.subspace.select_likelihood`;
+      ``OutputLikelihood("homoscedastic_gaussian")``, gradients clipped to norm
+      :data:`MAX_GRAD_NORM`) or a heteroscedastic one
+      (:class:`~gpext.nn.HeteroscedasticMLP`), as :func:`~gpext.subspace.select_likelihood`
+      does;
     * the training recipe, when ``recipes`` names several
       (:func:`~gpext.subspace.select_recipe`; e.g. ``gpext.subspace.recipe_candidates(name)``,
       the search of ``benchmarks/subspace_uci.py``);
