@@ -863,14 +863,15 @@ class SubspaceModel(nn.Module):
         self._probe(x, "SubspaceModel.predict(x)")
         if bn_inputs is not None:
             bn_inputs = self._check_inputs(bn_inputs, "SubspaceModel.predict(bn_inputs)")
-        out = predict_weight_samples(
-            self.module,
-            self.weights(thetas),
-            x,
-            self.likelihood,
-            bn_inputs=bn_inputs,
-            buffers=self.bn_buffers,
-        )
+        with _eval_mode(self.module):  # every submodule's own mode is restored afterwards
+            out = predict_weight_samples(
+                self.module,
+                self.weights(thetas),
+                x,
+                self.likelihood,
+                bn_inputs=bn_inputs,
+                buffers=self.bn_buffers,
+            )
         first = out["means"] if "means" in out else out["probs"]
         if first.dim() != (2 if "means" in out else 3) or first.shape[1] != x.shape[0]:
             raise ShapeError(

@@ -330,6 +330,9 @@ class TestSaveRestoreAndInputContract:
         thetas = sub.sample_vi(4, generator=torch.Generator().manual_seed(0))
         out = sub.predict(x, thetas)["means"]
         assert net.training and all(m.training for m in net.modules())
+        net[1].eval()  # mixed modes are kept as they are
+        sub.predict(x, thetas)
+        assert [m.training for m in net.modules()] == [True, True, False, True]
         # evaluated in eval mode all the same: dropout is off, predictions are deterministic
         torch.testing.assert_close(sub.predict(x, thetas)["means"], out, rtol=0, atol=0)
 
