@@ -374,8 +374,14 @@ def select_swag_scale(
     :math:`w_1(s), \dots, w_S(s)`; the search runs over :math:`\sqrt s` on a grid of 9 points
     from 0 (the posterior mean alone: SWA) to :math:`\sqrt{s_{\max}}`, refined by
     golden-section search. With ``tune_noise`` the noise variance of a constant-noise
-    likelihood is maximised jointly (:func:`select_noise_variance` at every :math:`s`) and
-    stored in ``likelihood.noise_variance``. The chosen scale is stored as the posterior's
+    likelihood is chosen first, at the posterior mean(s) (:func:`select_noise_variance` of the
+    draws at :math:`s = 0`: for SWAG the closed form, the mean squared held-out residual of the
+    SWA mean), stored in ``likelihood.noise_variance``, and the scale is then chosen at that
+    noise. A joint maximisation over :math:`(s, \sigma^2)` has a degenerate valley on a small
+    hold-out (a wide spread with almost no noise): on energy, split 0 (69 held-out rows,
+    ``fit_weight_ensemble`` defaults), it chose :math:`\sigma^2 = 5 \cdot 10^{-5}` for one of
+    three seeds (0.9-1.9 :math:`\cdot 10^{-3}` for the others) and the test coverage of the
+    95% interval fell to 0.86. The chosen scale is stored as the posterior's
     default ``scale`` (every component of a mixture). SWAG's customary 0.5 was never validated;
     on energy and yacht it is too wide.
 
@@ -389,7 +395,7 @@ def select_swag_scale(
         likelihood: How to read the output.
         num_samples: Draws ``S``.
         max_scale: Largest scale :math:`s_{\max}`.
-        tune_noise: Tune the noise jointly (default: for a ``"homoscedastic_gaussian"``
+        tune_noise: Tune the noise first (default: for a ``"homoscedastic_gaussian"``
             likelihood).
         generator: Random generator of the draws.
 
@@ -424,17 +430,15 @@ def select_swag_scale(
     anchors, draws = _unit_draws(posterior, num_samples, generator)
     y = y_val
     scores: dict[float, float] = {}
-    noises: dict[float, float] = {}
+    details = None
+    if tune_noise:
+        details = {"noise_variance": select_noise_variance(module, anchors, x_val, y_val,
+                                                           likelihood).value}  # fmt: skip
 
     def neg_score(root: float) -> float:
         s = min(root * root, float(max_scale))
         w = anchors + math.sqrt(s) * (draws - anchors)
-        pred = predict_weight_samples(module, w, x_val, likelihood)
-        if tune_noise:
-            noises[s], value = _best_noise(pred["means"], y.to(pred["means"]),
-                                           likelihood.min_variance)  # fmt: skip
-        else:
-            value = validation_log_likelihood(pred, y)
+        value = validation_log_likelihood(predict_weight_samples(module, w, x_val, likelihood), y)
         value = value if math.isfinite(value) else -math.inf
         scores[s] = value
         return -value
@@ -448,11 +452,8 @@ def select_swag_scale(
             f"({scores}); check the held-out data and the likelihood."
         )
     scale = min(root * root, float(max_scale))
-    if tune_noise:
-        likelihood.noise_variance = noises[scale]
     _set_scale(posterior, scale)
     samples = anchors + math.sqrt(scale) * (draws - anchors)
-    details = {"noise_variance": noises[scale]} if tune_noise else None
     return HyperparameterSelection(scale, samples, dict(sorted(scores.items())), "swag_scale",
                                    details)  # fmt: skip
 

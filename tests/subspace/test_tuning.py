@@ -180,9 +180,15 @@ class TestSelectSwagScale:
                                 generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert lik.noise_variance == sel.details["noise_variance"] < 10.0
         assert all(c.scale == sel.value for c in multi.components)
-        # the noise is the held-out optimum for the chosen samples
-        ref = select_noise_variance(net, sel.samples, x, y, OutputLikelihood("gaussian"))
+        # the noise is the held-out optimum at the two component means (scale 0), first
+        means = torch.stack([c.mean for c in multi.components]).repeat_interleave(3, 0)
+        ref = select_noise_variance(net, means, x, y, OutputLikelihood("gaussian"))
         assert math.isclose(lik.noise_variance, ref.value, rel_tol=1e-6)
+        # and the scale's scores are those at that noise
+        unit = multi.sample(6, scale=1.0, generator=torch.Generator().manual_seed(0))
+        w = means + math.sqrt(sel.value) * (unit - means)
+        pred = predict_weight_samples(net, w, x, lik)
+        assert math.isclose(sel.scores[sel.value], validation_log_likelihood(pred, y), rel_tol=1e-6)
 
     def test_errors(self):
         net = MLP(2, [4], 1)
