@@ -156,10 +156,21 @@ CASES = [
         lambda m, x: m.predict_latent(x)[0],
         classification=True,
     ),
-    Case("GWIRegressionModel", _gwi_reg_make, _gwi_reg_fit, _gwi_reg_predict),
     Case(
-        "GWIClassificationModel", _gwi_reg_make, _gwi_clf_fit, _gwi_clf_predict, classification=True
-    ),
+        "GWIRegressionModel",
+        _gwi_reg_make,
+        _gwi_reg_fit,
+        _gwi_reg_predict,
+        extra={"select_temperature": _gwi_select_temperature},
+    ),  # fmt: skip
+    Case(
+        "GWIClassificationModel",
+        _gwi_reg_make,
+        _gwi_clf_fit,
+        _gwi_clf_predict,
+        classification=True,
+        extra={"select_temperature": _gwi_select_temperature},
+    ),  # fmt: skip
     Case(
         "InducingGPNetwork",
         lambda: InducingGPNetwork(MLP(D, [8], 2), num_inducing=4),
