@@ -14,7 +14,7 @@
 * Recipes and held-out tuning: :class:`TrainingRecipe` and :func:`select_recipe`
   (:data:`DRBAYES_RECIPES`, :data:`GPEXT_RECIPE`); :mod:`gpext.subspace.tuning`
   (:func:`select_noise_variance`, :func:`select_swag_scale`, :func:`select_prior_std`,
-  :func:`select_likelihood`, :func:`temperature_grid`); a post-hoc start from a pretrained
+  :func:`select_likelihood`, :func:`select_temperature`, :func:`temperature_grid`); a post-hoc start from a pretrained
   network, :func:`collect_from_pretrained`.
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
@@ -62,6 +62,7 @@ from gpext.subspace.tuning import (
     select_noise_variance,
     select_prior_std,
     select_swag_scale,
+    select_temperature,
     temperature_grid,
     validation_log_likelihood,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "select_prior_std",
     "select_recipe",
     "select_swag_scale",
+    "select_temperature",
     "temperature_grid",
     "training_recipe",
     "validation_log_likelihood",

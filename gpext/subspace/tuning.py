@@ -21,6 +21,8 @@ the network.
   (one network: the closed form, the mean squared held-out residual).
 * :func:`select_swag_scale`: the covariance scale of SWAG / factor analysis / a mixture, with
   common random numbers (one draw, rescaled), optionally jointly with the noise.
+* :func:`select_temperature`: the likelihood temperature of a
+  :class:`~gpext.subspace.SubspaceModel` on :func:`temperature_grid`.
 * :func:`select_prior_std`: the prior scale :math:`\sigma_p` of a
   :class:`~gpext.subspace.SubspaceModel` (ESS per candidate).
 * :func:`select_likelihood`: homoscedastic (learned noise) or heteroscedastic Gaussian
@@ -64,6 +66,7 @@ __all__ = [
     "select_noise_variance",
     "select_prior_std",
     "select_swag_scale",
+    "select_temperature",
     "temperature_grid",
     "validation_log_likelihood",
 ]
@@ -527,6 +530,51 @@ def select_prior_std(
         raise
     model.prior_std = sel.value
     return sel
+
+
+def select_temperature(
+    model: SubspaceModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    exponents: Sequence[float] = TEMPERATURE_EXPONENTS,
+    **kwargs: Any,
+) -> HyperparameterSelection:
+    r"""Choose a subspace model's temperature on the grid :math:`T_k = (N / r)^{e_k}` on held-out rows.
+
+    :meth:`SubspaceModel.select_temperature <gpext.subspace.SubspaceModel.select_temperature>`
+    over :func:`temperature_grid` (by default the benchmark's exponents, -1 to 2.5), returned
+    as a :class:`~gpext.fit.temperature.HyperparameterSelection` like the other selections
+    here (``details``: the calibrated ``variance_scale``).
+
+    Args:
+        model: The :class:`~gpext.subspace.SubspaceModel`.
+        x: Training inputs. # shape: (N, ...)
+        y: Training targets. # shape: (N,)
+        x_val: Held-out inputs. # shape: (M, ...)
+        y_val: Held-out targets. # shape: (M,)
+        exponents: The exponents :math:`e_k`.
+        **kwargs: Passed on (``num_samples``, ``burn_in``, ``calibrate_variance``,
+            ``method``, ``generator``).
+
+    Returns:
+        The selection: ``value`` :math:`T` (also ``model.temperature``), ``samples`` its
+        samples ``(S, r)``, ``scores`` per :math:`T`.
+
+    Raises:
+        InputTypeError: If ``model`` is not a :class:`~gpext.subspace.SubspaceModel`.
+        InputDataError: For bad exponents or data (see the method).
+    """
+    if not isinstance(model, SubspaceModel):
+        raise InputTypeError(
+            expected_got("select_temperature.model", "a SubspaceModel", type(model).__name__)
+        )
+    _check_rows(x, y, "select_temperature")
+    temps = temperature_grid(x.shape[0], model.rank, exponents)
+    sel = model.select_temperature(x, y, x_val, y_val, temps, **kwargs)
+    details = {"variance_scale": model.variance_scale}
+    return HyperparameterSelection(sel.temperature, sel.samples, sel.scores, "temperature", details)
 
 
 def regression_network(

@@ -25,6 +25,7 @@ from gpext.subspace import (
     select_noise_variance,
     select_prior_std,
     select_swag_scale,
+    select_temperature,
     temperature_grid,
     validation_log_likelihood,
 )
@@ -224,6 +225,14 @@ class TestSelectPriorStdAndLikelihood:
         assert sel.scores[sel.value] == max(sel.scores.values())
         with pytest.raises(InputDataError):
             select_prior_std(model, x, y, x, y, (0.0,))
+        # the temperature on the promoted grid, through the model's own selection
+        sel = select_temperature(model, x, y, x, y, (0.0, 1.0), num_samples=4, burn_in=2,
+                                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+        assert sorted(sel.scores) == temperature_grid(x.shape[0], 3, (0.0, 1.0))
+        assert sel.value == model.temperature and sel.parameter == "temperature"
+        assert sel.details["variance_scale"] == model.variance_scale
+        with pytest.raises(InputTypeError):
+            select_temperature(net, x, y, x, y)
         with pytest.raises(InputTypeError):
             select_prior_std(net, x, y, x, y)
 
