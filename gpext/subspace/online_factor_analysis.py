@@ -214,7 +214,9 @@ class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
 
         Raises:
             ShapeError: If the last dimension is not ``D``.
-            InputDataError: If an observation is not finite (the state is left unchanged).
+            InputDataError: If there is no observation or one is not finite (the state is left
+                unchanged).
+            InputTypeError: For non-numeric or float16 / bfloat16 observations.
             NumericalError: If the update produced non-finite values.
         """
         what = "OnlineFactorAnalysis.update(theta)"

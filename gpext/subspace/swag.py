@@ -54,8 +54,9 @@ class SWAG(LowRankGaussianWeightPosterior):
 
     Raises:
         ShapeError: On inconsistent shapes.
-        InputDataError: With fewer than two deviations, non-finite inputs, a negative
-            variance, or not exactly one of ``sq_mean`` and ``variance``.
+        InputDataError: With fewer than two deviations, no weights, non-finite inputs, a
+            negative variance, or not exactly one of ``sq_mean`` and ``variance``.
+        InputTypeError: For non-numeric or float16 / bfloat16 inputs.
 
     Example:
         >>> traj = TrajectoryCollector(torch.nn.Linear(3, 1), max_deviations=5)
