@@ -283,7 +283,9 @@ class DirichletGPClassifier(gpytorch.Module):
         Raises:
             FitError: If the loss cannot be evaluated at the initial values.
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
-            InputDataError: If labels are outside ``[0, C)`` or inputs are not finite.
+            InputDataError: If labels are outside ``[0, C)``, inputs are not finite or empty.
+            InputTypeError: If ``x`` is not numeric or is float16 / bfloat16, or the labels
+                are not whole numbers.
         """
         x = self._check_x(x, "x")
         labels = check_labels(y, self.num_classes, "DirichletGPClassifier.y").to(x.device)
@@ -506,6 +508,10 @@ class DirichletGPClassifier(gpytorch.Module):
 
         Raises:
             NotFittedError: Before :meth:`fit`.
+            ShapeError: If ``x`` is not ``(T, D)`` with the training ``D``.
+            InputDataError: If ``x`` is empty or not finite.
+            InputTypeError: If ``x`` is a tensor of another floating dtype or device than the
+                fitted model.
         """
         if self._train is None:
             raise NotFittedError("DirichletGPClassifier.predict_latent: call fit(x, y) first.")
