@@ -116,7 +116,9 @@ class RandomSubspace(nn.Module):
             dtype, device = deviations.dtype, deviations.device
         if self.rank > d:
             raise InputDataError(
-                expected_got("RandomSubspace.rank", f"at most the number of weights ({d})", self.rank)
+                expected_got(
+                    "RandomSubspace.rank", f"at most the number of weights ({d})", self.rank
+                )
             )
         g = torch.randn(d, self.rank, generator=generator, dtype=torch.float64)
         q, _ = torch.linalg.qr(g)  # shape: (D, r), orthonormal columns
