@@ -20,7 +20,7 @@ the network.
 * :func:`select_noise_variance`: the noise :math:`\sigma^2` of a constant-noise likelihood
   (one network: the closed form, the mean squared held-out residual).
 * :func:`select_swag_scale`: the covariance scale of SWAG / factor analysis / a mixture, with
-  common random numbers (one draw, rescaled), optionally jointly with the noise.
+  common random numbers (one draw, rescaled), optionally after the noise at the mean.
 * :func:`select_temperature`: the likelihood temperature of a
   :class:`~gpext.subspace.SubspaceModel` on :func:`temperature_grid`.
 * :func:`select_prior_std`: the prior scale :math:`\sigma_p` of a

@@ -124,11 +124,12 @@ def fit_weight_ensemble(
       (:class:`~gpext.nn.HeteroscedasticMLP`), as :func:`~gpext.subspace.select_likelihood`
       does;
     * the training recipe, when ``recipes`` names several
-      (:func:`~gpext.subspace.select_recipe`; e.g. ``gpext.subspace.recipe_candidates(name)``,
+      (as :func:`~gpext.subspace.select_recipe` does; e.g.
+      ``gpext.subspace.recipe_candidates(name)``,
       the search of ``benchmarks/subspace_uci.py``);
-    * the SWAG covariance scale (``swag_scale="auto"``, :func:`~gpext.subspace.select_swag_scale`,
-      jointly with the noise of a homoscedastic network; the customary 0.5 is too wide on
-      energy and yacht);
+    * the SWAG covariance scale (``swag_scale="auto"``,
+      :func:`~gpext.subspace.select_swag_scale`, after the noise of a homoscedastic network,
+      chosen at the SWA mean; the customary 0.5 is too wide on energy and yacht);
     * the temperature of the ``pca_*`` methods, as above.
 
     Each candidate costs one training run; the scoring costs forward passes on the hold-out
