@@ -475,29 +475,10 @@ def _bad_weights():
     ]
 
 
-# WeightPosterior.log_prob takes a batch (..., D) by design; its checks live in
-# gpext/subspace/weight_posterior.py, outside this change
-_LOG_PROB_OPEN = {
-    "nan": "log_prob returns NaN for non-finite weights (weight_posterior.py)",
-    "empty": "log_prob returns an empty tensor for no weights (weight_posterior.py)",
-    "float16": "log_prob converts or fails in torch for float16 (weight_posterior.py)",
-}
-
-
 @pytest.mark.parametrize("name", list(POSTERIORS))
 @pytest.mark.parametrize(
     ("label", "w", "err"),
-    [
-        pytest.param(
-            *b,
-            id=b[0],
-            marks=[pytest.mark.xfail(strict=True, reason=_LOG_PROB_OPEN[b[0]])]
-            if b[0] in _LOG_PROB_OPEN
-            else [],
-        )  # fmt: skip
-        for b in _bad_weights()
-        if b[0] != "3d"  # a batch of weight sets, valid
-    ],
+    [pytest.param(*b, id=b[0]) for b in _bad_weights() if b[0] != "3d"],  # 3-D: a valid batch
 )
 def test_weight_posterior_log_prob_rejects_bad_weights(name, label, w, err):
     with pytest.raises(err):
@@ -635,3 +616,39 @@ def test_bootstrap_functions_accept_numpy_and_lists(func):
         warnings.simplefilter("ignore", GpextWarning)
         func(_np(x), _np(y))
         func(x.tolist(), y.tolist())
+
+
+@pytest.mark.parametrize("name", list(POSTERIORS))
+def test_weight_posterior_log_prob_converts_numpy_lists_and_integers(name):
+    post = POSTERIORS[name]()
+    w = torch.zeros(3, 5, dtype=torch.float64)
+    expected = post.log_prob(w)
+    torch.testing.assert_close(post.log_prob(w.numpy()), expected)
+    torch.testing.assert_close(post.log_prob(w.tolist()), expected)
+    torch.testing.assert_close(post.log_prob(w.long()).double(), expected, rtol=1e-6, atol=1e-6)
+
+
+SUBSPACES = {
+    "PCASubspace": lambda: __import__("gpext.subspace", fromlist=["x"]).PCASubspace(2),
+    "RandomSubspace": lambda: __import__("gpext.subspace", fromlist=["x"]).RandomSubspace(2),
+    "InKPCASubspace": lambda: __import__("gpext.subspace", fromlist=["x"]).InKPCASubspace(2),
+}
+
+
+@pytest.mark.parametrize("name", list(SUBSPACES))
+def test_subspaces_input_contract(name):
+    devs = torch.randn(6, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(NotFittedError):
+        _ = SUBSPACES[name]().projection
+    fit = (lambda s, d: s.update(d)) if name == "InKPCASubspace" else (lambda s, d: s.fit(d))
+    for bad, err in (
+        (devs.half(), InputTypeError),
+        (devs.bool(), InputTypeError),
+        (devs[:0], InputDataError),
+        (torch.full((6, 10), float("nan"), dtype=torch.float64), InputDataError),
+        ("abc", InputTypeError),
+    ):
+        with pytest.raises(err):
+            fit(SUBSPACES[name](), bad)
+    for good in (devs.numpy(), devs.tolist()):
+        assert fit(SUBSPACES[name](), good).projection.shape[-1] == 10

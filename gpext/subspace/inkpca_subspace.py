@@ -9,9 +9,17 @@ import torch
 from gpytorch.kernels import Kernel, LinearKernel
 from torch import nn
 
-from gpext.errors import DataWarning, InputDataError, NumericalWarning, ShapeError, expected_got
+from gpext.errors import (
+    DataWarning,
+    InputDataError,
+    NotFittedError,
+    NumericalWarning,
+    ShapeError,
+    expected_got,
+)
 from gpext.operators import IncrementalKPCA
 from gpext.utils import as_float_tensor, check_finite, check_positive_int
+from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["InKPCASubspace"]
 
@@ -149,9 +157,18 @@ class InKPCASubspace(nn.Module):
 
         Raises:
             ShapeError: If the dimension differs from the stored deviations.
-            InputDataError: If a deviation is not finite.
+            InputDataError: If a deviation is not finite or none is given.
+            InputTypeError: For half-precision deviations.
         """
         x = as_float_tensor(deviations, "InKPCASubspace.update(deviations)")
+        check_not_low_precision(x, "InKPCASubspace.update(deviations)")
+        if x.numel() == 0:
+            raise InputDataError(
+                expected_got(
+                    "InKPCASubspace.update(deviations)", "at least one deviation",
+                    f"shape {tuple(x.shape)}",
+                )
+            )  # fmt: skip
         self._out_dtype = x.dtype
         x = x.unsqueeze(0) if x.dim() == 1 else x
         if x.dim() != 2:
@@ -251,7 +268,8 @@ class InKPCASubspace(nn.Module):
         """The projection matrix ``P`` (computed lazily, cached until the next update). # shape: (r, D)
 
         Raises:
-            InputDataError: With fewer than two deviations or ``rank`` above their number.
+            NotFittedError: Before any deviation.
+            InputDataError: With one deviation only or ``rank`` above their number.
         """
         if self._cache is None:
             if self._pending:  # fewer than num_init non-zero deviations so far: start anyway
@@ -261,6 +279,11 @@ class InKPCASubspace(nn.Module):
 
     def _compute_projection(self) -> torch.Tensor:
         m = self.num_points
+        if m == 0:
+            raise NotFittedError(
+                "InKPCASubspace: no deviations yet; call update(deviation) during training "
+                "(or fit(deviations)) before reading the projection."
+            )
         if m < 2:
             raise InputDataError(
                 expected_got(

@@ -10,6 +10,7 @@ from torch import nn
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.subspace.randomized_svd import randomized_svd
 from gpext.utils import check_finite, check_positive_int
+from gpext.utils.validation import as_float_tensor, check_not_low_precision
 
 __all__ = ["PCASubspace"]
 
@@ -71,7 +72,11 @@ class PCASubspace(nn.Module):
             InputDataError: If fewer than two deviations are given, ``rank > K`` (or ``> D``), or
                 the deviations are not finite.
         """
-        if not isinstance(deviations, torch.Tensor) or deviations.dim() != 2:
+        deviations = check_not_low_precision(
+            as_float_tensor(deviations, "PCASubspace.fit(deviations)"),
+            "PCASubspace.fit(deviations)",
+        )
+        if deviations.dim() != 2:
             raise ShapeError(
                 expected_got(
                     "PCASubspace.fit(deviations)",

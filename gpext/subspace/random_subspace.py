@@ -7,6 +7,7 @@ from torch import nn
 
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.utils import check_finite, check_positive_int
+from gpext.utils.validation import as_float_tensor, check_not_low_precision
 
 __all__ = ["RandomSubspace"]
 
@@ -96,7 +97,11 @@ class RandomSubspace(nn.Module):
             d = check_positive_int(num_parameters, "RandomSubspace.fit(num_parameters)")
             dtype = dtype or torch.get_default_dtype()
         else:
-            if not isinstance(deviations, torch.Tensor) or deviations.dim() != 2:
+            deviations = check_not_low_precision(
+                as_float_tensor(deviations, "RandomSubspace.fit(deviations)"),
+                "RandomSubspace.fit(deviations)",
+            )
+            if deviations.dim() != 2:
                 raise ShapeError(
                     expected_got(
                         "RandomSubspace.fit(deviations)",

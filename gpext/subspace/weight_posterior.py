@@ -31,6 +31,7 @@ from torch import nn
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.utils import check_positive_int
+from gpext.utils.validation import as_float_tensor, check_finite, check_not_low_precision
 
 __all__ = ["LowRankGaussianWeightPosterior", "WeightMixture", "WeightPosterior"]
 
@@ -61,12 +62,18 @@ class WeightPosterior(nn.Module):
         """The ``(D, D)`` covariance as a LinearOperator."""
 
     def _check_weights(self, weights: torch.Tensor, where: str) -> torch.Tensor:
-        if not isinstance(weights, torch.Tensor):
-            raise InputTypeError(expected_got(where, "a torch.Tensor", type(weights).__name__))
+        """Weight vectors ``(..., D)``: numpy, sequences and integers converted, at least
+        single precision, at least one vector, finite."""
+        weights = check_not_low_precision(as_float_tensor(weights, where), where)
         if weights.dim() < 1 or weights.shape[-1] != self.num_parameters:
             raise ShapeError(
                 expected_got(where, f"shape (..., {self.num_parameters})", tuple(weights.shape))
             )
+        if weights.numel() == 0:
+            raise InputDataError(
+                expected_got(where, "at least one weight vector", f"shape {tuple(weights.shape)}")
+            )
+        check_finite(weights, where)
         return weights
 
 
