@@ -56,6 +56,7 @@ from _common import RESULTS, base_parser, out_dir
 
 import gpext_bench.methods_peers  # noqa: F401  (registers the peer arms)
 import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
+import gpext_bench.methods_subspace_auto  # noqa: F401  (likelihood chosen on validation rows)
 import gpext_bench.methods_subspace_glm  # noqa: F401  (the linearised predictives)
 from gpext.errors import InputDataError, expected_got
 from gpext_bench import (
@@ -78,6 +79,12 @@ METHODS = (
     "inkpca_vi",
     "fa_swag",
 )
+# issue 22's learned homoscedastic noise and held-out SWAG scale (gpext_bench/methods_subspace.py)
+# and their likelihood chosen on validation rows (gpext_bench/methods_subspace_auto.py)
+TUNED_METHODS = (
+    "swag_tuned", "subspace_swa_homo", "swag_tuned_homo", "pca_ess_homo", "pca_ess_auto",
+    "swag_tuned_auto",
+)  # fmt: skip
 # the linearised (GLM) predictive of the same posteriors (issue 22, item 4)
 GLM_METHODS = ("pca_vi_glm", "inkpca_vi_glm", "pca_ess_glm", "inkpca_ess_glm")
 # issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
@@ -121,10 +128,16 @@ PROTOCOL = (
     "gpext method with the best mean minus that of the peer with the best mean. The *_glm "
     "methods predict from the same posteriors as their Monte Carlo namesakes with the "
     "linearised (GLM) predictive (gpext.subspace.linearized_predictive; ESS draws through "
-    "their sample mean and covariance)."
+    "their sample mean and covariance). Learned noise and tuned scale (issue 22): *_homo "
+    "methods use a second shared run per split, an MLP with one learned homoscedastic noise "
+    "(set to its maximum-likelihood value after every epoch and at the SWA mean), with its own "
+    "recipe search on the same validation rows; swag_tuned* choose the SWAG scale in [0, 4] on "
+    "the validation rows of the selection run (common random numbers); *_auto use whichever "
+    "likelihood's recipe search reached the higher validation log-likelihood."
 )
 SUBSPACE_METHODS = (
-    "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS
+    "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS,
+    "swag_tuned", "swag_tuned_homo", "pca_ess_homo", "pca_ess_auto", "swag_tuned_auto",
 )  # fmt: skip
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
 PUBLISHED_LL = {
@@ -326,7 +339,7 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=None,
-        choices=METHODS + GLM_METHODS + PEER_METHODS,
+        choices=METHODS + TUNED_METHODS + GLM_METHODS + PEER_METHODS,
         help="run only these methods (default: all, the peer arms included)",
     )
     parser.add_argument(
@@ -364,7 +377,7 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
-        methods = args.methods or METHODS + GLM_METHODS + PEER_METHODS
+        methods = args.methods or METHODS + TUNED_METHODS + GLM_METHODS + PEER_METHODS
         run = run_benchmark(
             datasets, methods, config=config, data_dir=args.data_dir, splits=indices,
             log=None if sys.stderr.isatty() else sys.stderr,  # one line per fit when piped

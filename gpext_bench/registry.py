@@ -43,6 +43,7 @@ BUILTIN_METHOD_MODULES: list[str] = [
     "gpext_bench.methods_subspace",
     "gpext_bench.methods_peers",
     "gpext_bench.methods_subspace_glm",
+    "gpext_bench.methods_subspace_auto",
 ]
 
 TASKS = ("regression", "classification")

@@ -9,7 +9,9 @@
   dimension-scaled default priors, several starts and an Adam fallback.
 * :func:`minimize_scalar_on_grid`: grid plus golden-section search for the one-parameter
   calibrations on held-out rows.
-* :class:`TemperatureSelection`: what every model's ``select_temperature`` returns.
+* :class:`TemperatureSelection`: what every model's ``select_temperature`` returns;
+  :class:`HyperparameterSelection`: what the held-out tuning of :mod:`gpext.subspace.tuning`
+  returns (noise, SWAG scale, prior scale, temperature, likelihood).
 * :class:`FitResult`: what every fit returns (loss trace, stop reason, final gradient norm,
   restarts, problems found).
 * Degenerate-fit checks that issue named warnings: :func:`check_signal_to_noise`,
@@ -41,7 +43,7 @@ from gpext.fit.exact_gp import (
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
 from gpext.fit.scalar_search import minimize_scalar_on_grid
-from gpext.fit.temperature import TemperatureSelection
+from gpext.fit.temperature import HyperparameterSelection, TemperatureSelection
 from gpext.fit.train_loop import minibatch_indices, train_loop
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "FitError",
     "FitResult",
     "FitWarning",
+    "HyperparameterSelection",
     "MultiOutputExactGP",
     "OptimizerStallWarning",
     "RestartRecord",

@@ -102,3 +102,20 @@ def test_combine_accepts_parts_that_split_the_methods(tmp_path):
     assert parts["splits"] == 2 and len(parts["rows"]) == 6
     with pytest.raises(bench.InputDataError, match="disjoint"):
         bench.combine_parts([a, part("c", ["swag"])])
+
+
+def test_auto_likelihood_is_the_better_validated_run():
+    from gpext_bench import methods_subspace as ms
+    from gpext_bench.methods_subspace_auto import choose_likelihood
+
+    split = load_dataset("diabetes", 0)
+    config = BenchConfig(quick=True, dtype=torch.float64)
+    chosen, extra, scores = choose_likelihood(split, config)
+    assert set(scores) == {ms.HETEROSCEDASTIC, ms.HOMOSCEDASTIC}
+    assert chosen == max(scores, key=scores.get) and extra > 0
+    auto = get_method("pca_ess_auto").fit_predict(split, config)
+    name = "pca_ess" if chosen == ms.HETEROSCEDASTIC else "pca_ess_homo"
+    plain = get_method(name).fit_predict(split, config)
+    torch.testing.assert_close(auto.mixture_means, plain.mixture_means)
+    assert auto.info["homoscedastic"] == float(chosen == ms.HOMOSCEDASTIC)
+    assert auto.info["seconds"] > plain.info["seconds"]
