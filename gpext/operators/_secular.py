@@ -410,6 +410,154 @@ def _scale_exponent(d_h: np.ndarray, z_h: np.ndarray) -> int:
     return max(exponents) if exponents else 0
 
 
+class Factor:
+    """The orthogonal factor ``F`` of one rank-one update, ``U' = U F`` (kept for later use).
+
+    ``F`` permutes the columns of ``U`` into sorted order (``perm``), applies the deflating
+    Givens rotations (``rotations``, in sorted coordinates), keeps the deflated columns
+    (``inact``) and mixes the active ones (``act``) with the ``k x k`` Gu-Eisenstat factor ``q``
+    (``U'_a = U_a q^T``); sorted column ``s`` goes to output column ``rank[s]``. Storing it costs
+    ``O(k^2)`` memory and applying ``F^T`` to a vector ``O(n + k^2)``, so the basis product
+    (``O(m n k)``) can be deferred and the next update's ``z = U'^T v = F^T (U^T v)`` formed
+    without it.
+    """
+
+    __slots__ = ("n", "perm", "rotations", "act", "inact", "rank", "q", "_idx")
+
+    def __init__(self, n, perm, rotations, act, inact, rank, q):
+        self.n, self.perm, self.rotations = n, perm, rotations
+        self.act, self.inact, self.rank, self.q = act, inact, rank, q
+        self._idx = None
+
+    @property
+    def numel(self) -> int:
+        """Entries held by ``q`` (the memory the factor costs)."""
+        return 0 if self.q is None else self.q.numel()
+
+    def _indices(self, device):
+        if self._idx is None:
+            t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+            self._idx = (t(self.perm), t(self.act), t(self.inact), t(self.rank[self.act]),
+                         t(self.rank[self.inact]))  # fmt: skip
+        return self._idx
+
+    def apply_transpose(self, y: torch.Tensor) -> torch.Tensor:
+        """``F^T y`` for a vector in the coordinates of the old basis. # shape: (n,)"""
+        perm, act, inact, r_act, r_inact = self._indices(y.device)
+        ys = y.index_select(0, perm)
+        if self.rotations:
+            h = ys.cpu().double().numpy().copy()
+            for p, j, c, s in self.rotations:
+                hp = h[p]
+                h[p] = c * hp - s * h[j]
+                h[j] = s * hp + c * h[j]
+            ys = torch.from_numpy(h).to(dtype=y.dtype, device=y.device)
+        out = torch.empty_like(ys)
+        if inact.numel():
+            out.index_copy_(0, r_inact, ys.index_select(0, inact))
+        if act.numel():
+            out.index_copy_(0, r_act, self.q @ ys.index_select(0, act))
+        return out
+
+    def apply(self, u: torch.Tensor) -> torch.Tensor:
+        """``U F`` (a new tensor). # shape: (m, n)"""
+        perm, act, inact, r_act, r_inact = self._indices(u.device)
+        if self.rotations:
+            u = _rotate(u, self.perm, self.rotations)
+        else:
+            u = u.index_select(1, perm)
+        if not inact.numel():
+            return torch.empty_like(u).index_copy_(1, r_act, u @ self.q.mT)
+        out = torch.empty_like(u)
+        out.index_copy_(1, r_inact, u.index_select(1, inact))
+        if act.numel():
+            out.index_copy_(1, r_act, u.index_select(1, act) @ self.q.mT)
+        return out
+
+
+def rank_one_eigvals_factor(
+    d: torch.Tensor,  # shape: (n,)
+    z: torch.Tensor,  # shape: (n,)
+    sigma: float,
+) -> tuple[torch.Tensor, Factor]:
+    """Eigenvalues of ``diag(d) + sigma z z^T`` (ascending) and its eigenvector factor.
+
+    The eigenvectors of ``diag(d) + sigma z z^T`` are the columns of the returned
+    :class:`Factor` ``F`` (so the new basis is ``U F``); nothing of size ``m x n`` is touched:
+    ``O(n^2)`` work.
+    """
+    lam, plan = _plan(d, z, sigma)
+    perm_h, rotations, act_idx, order, q = plan
+    n = d.shape[0]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    active = np.zeros(n, dtype=bool)
+    active[act_idx] = True
+    q = None if q is None else q.clone()
+    factor = Factor(n, perm_h, rotations, act_idx, np.flatnonzero(~active), rank, q)
+    return lam, factor
+
+
+def _plan(d, z, sigma):
+    """Deflation, secular solve and eigenvector factor (shared by both entry points).
+
+    Returns ``lam`` (ascending) and ``(perm_h, rotations, act_idx, order, q)``: the sorted
+    order of the input columns, the deflating rotations (sorted coordinates), the active sorted
+    indices, the output order of the sorted indices and the ``k x k`` factor (a workspace view,
+    or None).
+    """
+    n = d.shape[0]
+    dtype, device = d.dtype, d.device
+    eps = float(torch.finfo(dtype).eps)
+    sgn = -1.0 if sigma < 0 else 1.0
+    # Deflation on the host: O(n) numbers, rotations in a short loop.
+    d_h = d.detach().cpu().double().numpy() * sgn
+    z_h = z.detach().cpu().double().numpy() * math.sqrt(abs(sigma))
+    perm_h = np.argsort(d_h, kind="stable")
+    d_h, z_h = d_h[perm_h], z_h[perm_h]  # copies
+    # Scale by a power of two (exact) so that max(|d|, ||z||^2) is about 1: the solver's
+    # squares and products stay in range for inputs of any magnitude (1e160 or 1e-160).
+    e2 = _scale_exponent(d_h, z_h)
+    d_h, z_h = np.ldexp(d_h, -2 * e2), np.ldexp(z_h, -e2)
+    znorm2 = float(np.dot(z_h, z_h))
+    tol = 8.0 * eps * max(float(np.abs(d_h).max()), znorm2)
+    active = np.abs(z_h) * math.sqrt(znorm2) > tol
+    z_h[~active] = 0.0
+    rotations = _deflate_pairs(d_h, z_h, active, tol)
+    act_idx = np.flatnonzero(active)
+    k = act_idx.size
+    lam_s = d_h.copy()  # deflated values stay
+    q = None
+    if k:
+        da_h, za_h = d_h[act_idx], np.abs(z_h[act_idx])
+        d_a = torch.from_numpy(da_h).to(dtype=dtype, device=device)
+        z_a = torch.from_numpy(za_h).to(dtype=dtype, device=device)
+        origin, tau, d0, failed = _solve_secular(d_a, z_a, da_h, za_h)
+        if failed:
+            warnings.warn(
+                f"rank_one_eigh_update: {failed} secular roots did not reach the stopping test "
+                f"in {_MAX_ITER} safeguarded iterations; results may be inaccurate.",
+                NumericalWarning,
+                stacklevel=4,
+            )
+        lam_s[act_idx] = da_h[origin] + tau
+        z_sign = torch.from_numpy(np.where(z_h[act_idx] < 0, -1.0, 1.0)).to(dtype=dtype)
+        scale = max(float(np.abs(da_h).max()), float(np.abs(tau).max()))
+        # Row r of q: the eigenvector of root r (the r-th active sorted index).
+        q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale)
+    with np.errstate(over="ignore"):
+        lam_h = np.ldexp(lam_s, 2 * e2) * sgn
+    if not (np.isfinite(lam_h).all() and np.abs(lam_h).max() <= torch.finfo(dtype).max):
+        raise NumericalError(
+            "rank_one_eigh_update: the updated eigenvalues (up to "
+            f"{float(np.abs(lam_s).max()):.3g} * 2^{2 * e2}) overflow {dtype}. Rescale the "
+            "matrix and the update vector before updating."
+        )
+    order = np.argsort(lam_h, kind="stable")
+    lam = torch.from_numpy(lam_h[order]).to(dtype=dtype, device=device)
+    return lam, (perm_h, rotations, act_idx, order, q)
+
+
 def rank_one_basis_update(
     d: torch.Tensor,  # shape: (n,)
     u: torch.Tensor,  # shape: (m, n)
@@ -429,80 +577,34 @@ def rank_one_basis_update(
     """
     n = d.shape[0]
     dtype, device = d.dtype, d.device
-    eps = float(torch.finfo(dtype).eps)
     if sigma == 0.0 or n == 0:
         order = torch.argsort(d, stable=True)
         return d[order], u[:, order]
-    sgn = -1.0 if sigma < 0 else 1.0
-    # Deflation on the host: O(n) numbers, rotations in a short loop.
-    d_h = d.detach().cpu().double().numpy() * sgn
-    z_h = z.detach().cpu().double().numpy() * math.sqrt(abs(sigma))
-    perm_h = np.argsort(d_h, kind="stable")
-    d_h, z_h = d_h[perm_h], z_h[perm_h]  # copies
-    # Scale by a power of two (exact) so that max(|d|, ||z||^2) is about 1: the solver's
-    # squares and products stay in range for inputs of any magnitude (1e160 or 1e-160).
-    e2 = _scale_exponent(d_h, z_h)
-    d_h, z_h = np.ldexp(d_h, -2 * e2), np.ldexp(z_h, -e2)
-    znorm2 = float(np.dot(z_h, z_h))
-    tol = 8.0 * eps * max(float(np.abs(d_h).max()), znorm2)
-    active = np.abs(z_h) * math.sqrt(znorm2) > tol
-    z_h[~active] = 0.0
-    rotations = _deflate_pairs(d_h, z_h, active, tol)
+    lam, (perm_h, rotations, act_idx, order, q) = _plan(d, z, sigma)
     if rotations:
         u = _rotate(u, perm_h, rotations)
         perm_h = np.arange(n)
-    act_idx = np.flatnonzero(active)
     k = act_idx.size
     m = u.shape[0]
-    lam_s = d_h.copy()  # deflated values stay
-    q = None
-    if k:
-        da_h, za_h = d_h[act_idx], np.abs(z_h[act_idx])
-        d_a = torch.from_numpy(da_h).to(dtype=dtype, device=device)
-        z_a = torch.from_numpy(za_h).to(dtype=dtype, device=device)
-        origin, tau, d0, failed = _solve_secular(d_a, z_a, da_h, za_h)
-        if failed:
-            warnings.warn(
-                f"rank_one_eigh_update: {failed} secular roots did not reach the stopping test "
-                f"in {_MAX_ITER} safeguarded iterations; results may be inaccurate.",
-                NumericalWarning,
-                stacklevel=3,
-            )
-        lam_s[act_idx] = da_h[origin] + tau
-        z_sign = torch.from_numpy(np.where(z_h[act_idx] < 0, -1.0, 1.0)).to(dtype=dtype)
-        scale = max(float(np.abs(da_h).max()), float(np.abs(tau).max()))
-        q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale)
-    with np.errstate(over="ignore"):
-        lam_h = np.ldexp(lam_s, 2 * e2) * sgn
-    if not (np.isfinite(lam_h).all() and np.abs(lam_h).max() <= torch.finfo(dtype).max):
-        raise NumericalError(
-            "rank_one_eigh_update: the updated eigenvalues (up to "
-            f"{float(np.abs(lam_s).max()):.3g} * 2^{2 * e2}) overflow {dtype}. Rescale the "
-            "matrix and the update vector before updating."
-        )
-    order = np.argsort(lam_h, kind="stable")
-    lam = torch.from_numpy(lam_h[order]).to(dtype=dtype, device=device)
-    cols_a = perm_h[act_idx]  # basis column of each active (sorted) index
-    if k == n:
-        # No deflation: the output column of root r is r (sigma > 0) or n - 1 - r (sigma < 0);
-        # permute the k x k factor so that the basis is used as it is: U' = U Q^T.
-        flip_rows = sgn < 0
-        if bool((cols_a[1:] > cols_a[:-1]).all()):
-            dims = (0,) if flip_rows else ()
-        elif bool((cols_a[1:] < cols_a[:-1]).all()):
-            dims = (0, 1) if flip_rows else (1,)
-        else:
-            inv = torch.from_numpy(np.argsort(cols_a)).to(device)
-            q = q.index_select(1, inv)
-            dims = (0,) if flip_rows else ()
-        if dims:
-            q = q.flip(dims)
-        return lam, u @ q.mT  # the one GEMM
-    # Interleave the deflated columns (unchanged) with the updated ones, in ascending order.
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)  # output position of sorted index s
+    cols_a = perm_h[act_idx]  # basis column of each active (sorted) index
+    out_a = rank[act_idx]
+    if k == n:
+        # No deflation: permute the k x k factor instead of the basis, U' = U Q^T with the
+        # rows of Q in output order and its columns in basis order.
+        if not bool((out_a[1:] > out_a[:-1]).all()):
+            q = q.index_select(0, torch.from_numpy(np.argsort(out_a)).to(device))
+        if bool((cols_a[1:] > cols_a[:-1]).all()):
+            pass
+        elif bool((cols_a[1:] < cols_a[:-1]).all()):
+            q = q.flip(1)
+        else:
+            q = q.index_select(1, torch.from_numpy(np.argsort(cols_a)).to(device))
+        return lam, u @ q.mT  # the one GEMM
+    # Interleave the deflated columns (unchanged) with the updated ones, in ascending order.
     out = torch.empty(m, n, dtype=dtype, device=device)
-    inact_idx = np.flatnonzero(~active)
+    inact_idx = np.setdiff1d(np.arange(n), act_idx, assume_unique=True)
     out.index_copy_(
         1,
         torch.from_numpy(rank[inact_idx]).to(device),
@@ -514,5 +616,5 @@ def rank_one_basis_update(
         )
         # The one GEMM, over the non-deflated columns only.
         new_a = torch.matmul(u_a, q.mT, out=_workspace(5, (m, k), dtype, device))
-        out.index_copy_(1, torch.from_numpy(rank[act_idx]).to(device), new_a)
+        out.index_copy_(1, torch.from_numpy(out_a).to(device), new_a)
     return lam, out
