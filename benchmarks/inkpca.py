@@ -254,7 +254,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    sizes = args.sizes or ([50, 250, 500, 1000] if args.quick else [50, 100, 250, 500, 1000, 2000, 4000])
+    sizes = args.sizes or (
+        [50, 250, 500, 1000] if args.quick else [50, 100, 250, 500, 1000, 2000, 4000]
+    )
     repeats = args.repeats or (5 if args.quick else 9)
     rows = timing_rows(sizes, repeats, gen)
     rows.append(batched_row(200, 20, repeats, gen))

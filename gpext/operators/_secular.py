@@ -57,6 +57,36 @@ _CONTRACT = 1e-3  # step ratio that marks the quadratic regime
 _BLOCK = 32  # factors per partial product in the Gu-Eisenstat formula
 _WORKSPACE = threading.local()
 
+# Cost model of the dispatch between the rank-one path and a batch ``torch.linalg.eigh``
+# (rank_one_eigh_update, IncrementalKPCA.update) and of making a deferred basis explicit:
+# seconds of one CPU thread, fitted to single-thread medians of benchmarks/inkpca.py on the
+# development machine (float64, torch 2.x, one thread, shared 2-core VM). Measured there:
+# eigh 0.30 ms at m = 50, 0.85 ms at 100, 5.5 ms at 250, 30 ms at 500, 0.19 s at 1000, 1.5 s at
+# 2000; one m x m GEMM 0.19-0.23 of eigh; one rank-one update without the basis product
+# (deflation, secular solve, Gu-Eisenstat factor) 2 ms at m = 50, 3 ms at 250, 5 ms at 500,
+# 11 ms at 1000 (a fixed ~1.8 ms of Python and host work per update, then O(m^2)). Crossover of
+# one update against eigh: m ~ 150; of adding a point (2 updates, 4 centred) against eigh:
+# m ~ 250 (uncentred), ~ 350 (centred). Only ratios matter for the decisions; on other
+# machines the crossover moves but both choices stay correct.
+_EIGH = (1.8e-10, 5e-8, 2e-4)  # eigh of m x m: a m^3 + b m^2 + c
+_GEMM = 4.2e-11  # basis product m x k x k: per m k^2
+_UPDATE = (1.8e-3, 1.3e-8)  # one rank-one update without the basis product: c + b m^2
+_PROJECT = 1.5e-9  # z through a pending basis factor: per entry of its k x k matrix
+
+
+def _eigh_cost(m: int) -> float:
+    a, b, c = _EIGH
+    return a * m**3 + b * m**2 + c
+
+
+def prefer_eigh(n: int, num: int = 1) -> bool:
+    """Whether ``num`` rank-one updates of size ``n`` (basis included) cost more than forming
+    the ``num`` updated matrices and one batched ``eigh``."""
+    c, b = _UPDATE
+    secular = num * (c + b * n * n + _GEMM * n**3)
+    dense = num * (_eigh_cost(n) - _EIGH[2] + 2 * _GEMM * n**3) + _EIGH[2]
+    return dense < secular
+
 
 def _workspace(slot: int, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """A reusable per-thread scratch tensor (never returned to callers).
@@ -506,7 +536,6 @@ def _plan(d, z, sigma):
     indices, the output order of the sorted indices and the ``k x k`` factor (a workspace view,
     or None).
     """
-    n = d.shape[0]
     dtype, device = d.dtype, d.device
     eps = float(torch.finfo(dtype).eps)
     sgn = -1.0 if sigma < 0 else 1.0

@@ -19,7 +19,15 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
-from gpext.operators._secular import rank_one_basis_update
+from gpext.operators._secular import (
+    _GEMM,
+    _PROJECT,
+    _UPDATE,
+    Factor,
+    _eigh_cost,
+    rank_one_basis_update,
+    rank_one_eigvals_factor,
+)
 from gpext.operators.nystrom_kpca_linear_operator import NystromKPCALinearOperator
 from gpext.utils import (
     as_float_tensor,
@@ -37,6 +45,9 @@ _ON_DEGENERATE = ("warn", "raise", "record")
 _KERNEL_VALUES = "_kernel_values."
 # Period of ``refresh_every="auto"`` in float32 (see the class docstring).
 _AUTO_REFRESH = 100
+_METHODS = ("auto", "rank_one", "eigh")
+
+_MAX_PENDING = 8  # pending factor entries at most this many times m^2 (memory)
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
@@ -154,6 +165,7 @@ class IncrementalKPCA(torch.nn.Module):
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
         refresh_every: int | str | None = "auto",
+        method: str = "auto",
     ) -> None:
         super().__init__()
         if not isinstance(kernel, Kernel):
@@ -197,6 +209,19 @@ class IncrementalKPCA(torch.nn.Module):
                 )
             )
         self.refresh_every = refresh_every
+        if method not in _METHODS:
+            raise InputDataError(
+                expected_got("IncrementalKPCA.method", f"one of {_METHODS}", repr(method))
+            )
+        self.method = method
+        # Basis factors not yet multiplied into ``_evecs``: an int ``p`` borders the basis (new
+        # column p = the new unit vector), a Factor rotates it (see _secular.Factor).
+        self._pending: list[int | Factor] = []
+        self._pending_numel = 0
+        self._pending_spent = 0.0  # estimated seconds spent projecting through pending factors
+        # Uncentred kernel matrix of the stored points (capacity x capacity block, first _m
+        # rows valid) when max_components is None: a batch eigh then needs no kernel call.
+        self._gram: torch.Tensor | None = None
         self._since_refresh = 0  # points added by update() since the last batch decomposition
         self.degenerate_points: list[dict[str, Any]] = []
         dev = torch.device("cpu") if device is None else torch.device(device)
@@ -236,7 +261,7 @@ class IncrementalKPCA(torch.nn.Module):
     def eigenvectors(self) -> torch.Tensor:
         """Orthonormal eigenvectors, column ``j`` for ``eigenvalues[j]``. # shape: (m, k)"""
         self._check_fitted()
-        return self._evecs.flip(-1)
+        return self._basis().flip(-1)
 
     @property
     def refresh_period(self) -> int:
@@ -264,6 +289,8 @@ class IncrementalKPCA(torch.nn.Module):
         self.degenerate_points = []
         self._kernel_values = None
         self._since_refresh = 0
+        self._clear_pending()
+        self._gram = None
         return self
 
     def kernel_changed(self) -> bool:
@@ -360,13 +387,26 @@ class IncrementalKPCA(torch.nn.Module):
         """
         x = self._check_x(x, "update")
         self._check_kernel_unchanged("update")
+        rows = progress_bar(range(x.shape[0]), desc="IncrementalKPCA", show=show_progress)
         with torch.no_grad():
-            period = self.refresh_period
-            for i in progress_bar(range(x.shape[0]), desc="IncrementalKPCA", show=show_progress):
-                self._add_point(x[i : i + 1])
-                self._since_refresh += 1
-                if period and self._since_refresh >= period:
-                    self._decompose()  # bounds the float32 drift (refresh_every)
+            if self._prefer_eigh(x.shape[0]):
+                added = 0
+                try:
+                    for i in rows:
+                        self._add_point(x[i : i + 1], eigen=False)
+                        added += 1
+                finally:
+                    if added:
+                        self._decompose()
+            else:
+                period = self.refresh_period
+                for i in rows:
+                    self._add_point(x[i : i + 1])
+                    self._since_refresh += 1
+                    if period and self._since_refresh >= period:
+                        self._decompose(fresh=True)  # bounds the float32 drift
+                    elif self._pending:
+                        self._maybe_flush()
         if self._kernel_values is None:
             self._kernel_values = self._current_kernel_values()
         return self
@@ -571,7 +611,7 @@ class IncrementalKPCA(torch.nn.Module):
     def _kept(self, num_components: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Eigenpairs passing the rule ``lam > eigenvalue_rtol * lam_max``, descending."""
         self._check_fitted()
-        evals, evecs = self._evals.flip(-1), self._evecs.flip(-1)
+        evals, evecs = self._evals.flip(-1), self._basis().flip(-1)
         lam_max = evals[0].clamp(min=0)
         floor = self.eigenvalue_rtol * lam_max
         if bool((evals < -floor).any()) and lam_max > 0:
@@ -595,21 +635,138 @@ class IncrementalKPCA(torch.nn.Module):
             keep = min(keep, check_positive_int(num_components, "num_components"))
         return evals[:keep], evecs[:, :keep]
 
-    def _decompose(self) -> None:
+    def _decompose(self, fresh: bool = False) -> None:
         """Batch ``eigh`` of the (centred) kernel matrix of the stored points; resets the
-        running sums and the refresh count (the kernel record and degenerate points are kept)."""
-        x = self.points
+        running sums and the refresh count (the kernel record and degenerate points are kept).
+        ``fresh``: evaluate the kernel matrix anew instead of using the cached one."""
+        if fresh:
+            self._gram = None
         with torch.no_grad():
-            k = self._kernel(x, x)
+            k = self._gram_matrix()
             diag = torch.diagonal(k).clone()
             row_sums = k.sum(-1)
             if self.centered:
                 k = k - k.mean(0, keepdim=True) - k.mean(1, keepdim=True) + k.mean()
-            evals, evecs = torch.linalg.eigh((k + k.mT) / 2)
+            evals, evecs = torch.linalg.eigh(k)  # reads the lower triangle only
         self._diag, self._row_sums, self._total = diag, row_sums, row_sums.sum()
         self._evals, self._evecs = evals, evecs
+        self._clear_pending()
         self._truncate()
         self._since_refresh = 0
+
+    # ------------------------------------------------------------------ deferred basis
+    def _clear_pending(self) -> None:
+        self._pending = []
+        self._pending_numel = 0
+        self._pending_spent = 0.0
+
+    def _project(self, v: torch.Tensor) -> torch.Tensor:
+        """``z = U^T v`` for the current basis ``U = blockdiag(U_0, I) F_1 F_2 ...`` without
+        forming it: one product with the explicit ``U_0`` and the pending factors' transposes
+        in order (a border inserts the next entry of ``v`` at its column). ``O(m^2)`` per
+        factor."""
+        u0 = self._evecs
+        m0 = u0.shape[0]
+        w = u0.mT @ v[:m0] if m0 else v.new_zeros(0)
+        pos = m0
+        for op in self._pending:
+            if isinstance(op, int):
+                w = torch.cat([w[:op], v[pos : pos + 1], w[op:]])
+                pos += 1
+            else:
+                w = op.apply_transpose(w)
+        return w
+
+    def _flush_costs(self) -> tuple[float, float]:
+        """Estimated seconds to apply the pending factors, and to re-decompose instead."""
+        m = self._evals.shape[0]
+        apply = sum(
+            _GEMM * m * op.numel if isinstance(op, Factor) else _GEMM * m * m / 64
+            for op in self._pending
+        )
+        eigh = _eigh_cost(m)
+        if not self._gram_valid():
+            eigh += _GEMM * m * m * 64  # kernel matrix from the stored points (a guess)
+        return apply, eigh
+
+    def _gram_valid(self) -> bool:
+        return self._gram is not None and self._gram.shape[0] >= self._m
+
+    def _flush(self, how: str = "auto") -> None:
+        """Make the deferred basis explicit: apply the pending factors (``how="apply"``), or
+        re-decompose by a batch eigh (``"eigh"``), or whichever the cost model says is cheaper
+        (``"auto"``; eigh only when the kernel matrix is cached or the kernel is unchanged)."""
+        if not self._pending:
+            return
+        if how == "auto":
+            apply, eigh = self._flush_costs()
+            can_eigh = self._evals.shape[0] == self._m and (
+                self._gram_valid() or not self._changed_kernel_values()
+            )
+            how = "eigh" if can_eigh and eigh < apply else "apply"
+        if how == "eigh":
+            with torch.no_grad():
+                self._decompose()
+            return
+        u = self._evecs
+        for op in self._pending:
+            if isinstance(op, int):
+                n = u.shape[0]
+                b = u.new_zeros(n + 1, n + 1)
+                b[:n, :op] = u[:, :op]
+                b[:n, op + 1 :] = u[:, op:]
+                b[n, op] = 1.0
+                u = b
+            else:
+                u = op.apply(u)
+        self._evecs = u
+        self._clear_pending()
+
+    def _basis(self) -> torch.Tensor:
+        """The explicit eigenvector basis (ascending eigenvalues), the pending factors applied."""
+        if self._pending:
+            self._flush()
+        return self._evecs
+
+    def _maybe_flush(self) -> None:
+        """Ski-rental bound on the deferred basis: once projecting through the pending factors
+        has cost as much as making the basis explicit would (or they hold more than
+        ``_MAX_PENDING m^2`` numbers), make it explicit, so the deferral never costs more than
+        twice the cheaper choice."""
+        m = self._evals.shape[0]
+        if self._pending_numel > _MAX_PENDING * m * m:
+            self._flush()
+            return
+        apply, eigh = self._flush_costs()
+        if self._pending_spent >= min(apply, eigh):
+            self._flush()
+
+    def _prefer_eigh(self, n: int) -> bool:
+        """Whether adding ``n`` points costs less by one batch eigh at the end than by rank-one
+        updates (the dispatch of :meth:`update`; ``method`` overrides it)."""
+        if self.method != "auto":
+            return self.method == "eigh" and self.max_components is None
+        if self.max_components is not None:
+            return False
+        m = self.num_points
+        per_point = 4 if self.centered else 2
+        c, b = _UPDATE
+        inc = sum(per_point * (c + b * (m + i) ** 2) for i in range(n))
+        eigh = _eigh_cost(m + n) + (0.0 if self._gram_valid() or m == 0 else _GEMM * m * m * 64)
+        return eigh < inc
+
+    def _gram_matrix(self) -> torch.Tensor:
+        """Uncentred kernel matrix of the stored points (cached when max_components is None)."""
+        m = self._m
+        if self._gram_valid():
+            return self._gram[:m, :m]
+        x = self.points
+        k = self._kernel(x, x)
+        if self.max_components is None:
+            cap = m + max(16, m // 8)
+            self._gram = k.new_empty(cap, cap)
+            self._gram[:m, :m] = k
+        return k
 
     def _truncate(self) -> None:
         r = self.max_components
@@ -619,6 +776,14 @@ class IncrementalKPCA(torch.nn.Module):
 
     def _rank_one(self, v: torch.Tensor, sigma: float) -> None:
         """Update the state by ``sigma v v^T`` (v in the current ``m``-dim space)."""
+        if self.max_components is None:
+            # Eigenvalues now, O(m^2); the basis factor is kept pending (see _basis).
+            z = self._project(v)
+            self._pending_spent += _PROJECT * self._pending_numel
+            self._evals, factor = rank_one_eigvals_factor(self._evals, z, float(sigma))
+            self._pending.append(factor)
+            self._pending_numel += factor.numel
+            return
         u, d = self._evecs, self._evals
         z = u.mT @ v
         if u.shape[1] < u.shape[0]:
@@ -649,19 +814,23 @@ class IncrementalKPCA(torch.nn.Module):
 
     def _append(self, a: torch.Tensor, k: torch.Tensor, degenerate: bool) -> None:
         """Border the decomposed matrix with column ``a`` and diagonal ``k`` (Eq. 7)."""
-        m, r = self._evecs.shape
+        m = a.shape[0]
+        r = self._evals.shape[0]
         kk = float(k)
         beta = kk if (degenerate or m == 0) else kk / 4
         # The new eigenpair (beta, e_{m+1}) goes in at its sorted position, so the updates
         # below see ascending eigenvalues (no permutation of the basis is needed).
         p = int(torch.searchsorted(self._evals, k.new_tensor([beta]))) if r else 0
-        u = torch.empty(m + 1, r + 1, dtype=self.dtype, device=k.device)
-        u[:m, :p] = self._evecs[:, :p]
-        u[:m, p + 1 :] = self._evecs[:, p:]
-        u[:m, p] = 0.0
-        u[m] = 0.0
-        u[m, p] = 1.0
-        self._evecs = u
+        if self.max_components is None:
+            self._pending.append(p)  # bordered basis, deferred like the rank-one factors
+        else:
+            u = torch.empty(m + 1, r + 1, dtype=self.dtype, device=k.device)
+            u[:m, :p] = self._evecs[:, :p]
+            u[:m, p + 1 :] = self._evecs[:, p:]
+            u[:m, p] = 0.0
+            u[m] = 0.0
+            u[m, p] = 1.0
+            self._evecs = u
         beta_t = k.new_tensor([beta])
         self._evals = torch.cat([self._evals[:p], beta_t, self._evals[p:]])
         if m == 0:
@@ -681,7 +850,8 @@ class IncrementalKPCA(torch.nn.Module):
         self._rank_one(e + ap, 0.5)
         self._rank_one(e - ap, -0.5)
 
-    def _add_point(self, x: torch.Tensor) -> None:
+    def _add_point(self, x: torch.Tensor, eigen: bool = True) -> None:
+        """Add one point; with ``eigen=False`` only the statistics (a batch eigh follows)."""
         m = self.num_points
         k = self._kernel(x, x).reshape(())
         a = self._kernel(self.points, x).reshape(m) if m else k.new_zeros(0)
@@ -702,16 +872,22 @@ class IncrementalKPCA(torch.nn.Module):
         a_sum = a.sum()
         if self.centered:
             # A single centred point is the zero vector: append (0, e_1) as is.
-            a_c, k_c = self._recenter(a, k, a_sum) if m else (a, k.new_zeros(()))
+            a_c, k_c = self._recenter(a, k, a_sum, eigen) if m else (a, k.new_zeros(()))
             if m and not degenerate and float(k_c) <= tol:
                 self._report("centered_self_similarity_zero", float(k_c), m)
                 degenerate = True
-            self._append(a_c, k_c, degenerate)
-        else:
+            if eigen:
+                self._append(a_c, k_c, degenerate)
+        elif eigen:
             self._append(a, k, degenerate)
         if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
             self._grow(max(2 * m, 4), x.shape[-1])
         self._store[m] = x[0]
+        self._grow_gram(m + 1)
+        if self._gram is not None:
+            self._gram[m, :m] = a
+            self._gram[:m, m] = a
+            self._gram[m, m] = k
         self._m = m + 1
         self._diag = torch.cat([self._diag, k[None]])
         self._row_sums = torch.cat([self._row_sums + a, (a_sum + k)[None]])
@@ -719,9 +895,10 @@ class IncrementalKPCA(torch.nn.Module):
         self._truncate()
 
     def _recenter(
-        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor
+        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor, eigen: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Re-centre the old block (two updates) and return the new centred column."""
+        """Re-centre the old block (two updates unless ``eigen=False``) and return the new
+        centred column."""
         m = self.num_points
         r, total = self._row_sums, self._total
         new_total = total + 2 * a_sum + k
@@ -730,7 +907,7 @@ class IncrementalKPCA(torch.nn.Module):
         s_new = new_total / (m + 1) ** 2
         # Entry (i, j) of the old centred block changes by u_i + u_j.
         u = (r / m - mu_new) + 0.5 * (s_new - total / m**2)
-        unorm = _norm(u)
+        unorm = _norm(u) if eigen else u.new_zeros(())
         if float(unorm) > 0.0:
             t = (unorm / math.sqrt(m)).sqrt()
             ones = torch.full_like(u, float(t))
@@ -747,10 +924,28 @@ class IncrementalKPCA(torch.nn.Module):
             store[: self._m] = self._store[: self._m]
         self._store = store
 
+    def _grow_gram(self, size: int) -> None:
+        """Room for ``size`` points in the cached kernel matrix (started with the first point,
+        grown by an eighth so the block stays near ``m x m``; dropped with max_components)."""
+        gram = self._gram
+        if self.max_components is not None or (gram is None and self._m):
+            return  # not cached (rebuilt from the points when a batch eigh needs it)
+        if gram is not None and gram.shape[0] >= size:
+            return
+        new = self._store.new_empty(size + max(16, size // 8), size + max(16, size // 8))
+        if gram is not None and self._m:
+            new[: self._m, : self._m] = gram[: self._m, : self._m]
+        self._gram = new
+
     def _apply(self, fn, *args, **kwargs):
         # ``module.to(dtype)`` converts the buffers; the working dtype (and defaulted
-        # tolerances) follow, so later points are not cast back to the old dtype.
+        # tolerances) follow, so later points are not cast back to the old dtype. The pending
+        # basis factors are applied first (they hold tensors of the old dtype), and the cached
+        # kernel matrix is converted with the points.
+        self._flush("apply")
         super()._apply(fn, *args, **kwargs)
+        if self._gram is not None:
+            self._gram = fn(self._gram)
         if self._evals.dtype != self.dtype and self._evals.dtype in (torch.float32, torch.float64):
             self.dtype = self._evals.dtype
             eps = torch.finfo(self.dtype).eps
@@ -761,9 +956,12 @@ class IncrementalKPCA(torch.nn.Module):
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self._basis()  # the state dict holds the explicit basis
         super()._save_to_state_dict(destination, prefix, keep_vars)
         points = self.points
         destination[prefix + "_points"] = points if keep_vars else points.detach()
+        if self._gram_valid():  # the cached kernel matrix, so a loaded module continues alike
+            destination[prefix + "_gram"] = self._gram[: self._m, : self._m].clone()
         for name, value in (self._kernel_values or {}).items():
             destination[prefix + _KERNEL_VALUES + name] = value
 
@@ -771,6 +969,8 @@ class IncrementalKPCA(torch.nn.Module):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):  # noqa: D401
         # The buffers change shape as points arrive: resize them before the copy.
+        self._clear_pending()
+        self._gram = None  # rebuilt from the loaded points when a batch eigh needs it
         for name in ("_evals", "_evecs", "_diag", "_row_sums", "_total"):
             key = prefix + name
             if key in state_dict:
@@ -782,6 +982,9 @@ class IncrementalKPCA(torch.nn.Module):
             self._m = int(points.shape[0])
         elif strict:
             missing_keys.append(key)
+        gram = state_dict.get(prefix + "_gram")
+        if gram is not None and gram.shape == (self._m, self._m):
+            self._gram = gram.detach().to(dtype=self.dtype, device=self._evals.device).clone()
         record = {
             k[len(prefix + _KERNEL_VALUES) :]: v.detach().clone()
             for k, v in state_dict.items()
@@ -792,6 +995,6 @@ class IncrementalKPCA(torch.nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        for k in [key, *(prefix + _KERNEL_VALUES + name for name in record)]:
+        for k in [key, prefix + "_gram", *(prefix + _KERNEL_VALUES + name for name in record)]:
             if k in unexpected_keys:  # handled above (not registered buffers)
                 unexpected_keys.remove(k)

@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpext.errors import InputDataError, ShapeError
-from gpext.operators import rank_one_eigh_update
+from gpext.operators import _secular, rank_one_eigh_update
+
+
+@pytest.fixture(autouse=True)
+def _secular_path(monkeypatch):
+    """These tests check the secular (rank-one) algorithm: keep method="auto" off the batched
+    eigh that it takes for small problems (the dispatch has its own tests)."""
+    monkeypatch.setattr(_secular, "prefer_eigh", lambda n, num=1: False)
+
 
 D64 = torch.float64
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from gpext.errors import InputDataError, NumericalError
-from gpext.operators import IncrementalKPCA, rank_one_eigh_update
+from gpext.operators import IncrementalKPCA, _secular, rank_one_eigh_update
+
+
+@pytest.fixture(autouse=True)
+def _secular_path(monkeypatch):
+    """These tests check the secular (rank-one) algorithm: keep method="auto" off the batched
+    eigh that it takes for small problems (the dispatch has its own tests)."""
+    monkeypatch.setattr(_secular, "prefer_eigh", lambda n, num=1: False)
+
 
 D64 = torch.float64
 
@@ -182,7 +190,8 @@ class TestRefresh:
     def test_refresh_is_a_batch_decomposition(self):
         x = torch.randn(25, 3, generator=self.gen, dtype=D64)
         kernel = gpytorch.kernels.RBFKernel().double()
-        kpca = IncrementalKPCA(kernel, centered=True, refresh_every=10)
+        # the rank-one path (method="auto" would add these few points by one batch eigh)
+        kpca = IncrementalKPCA(kernel, centered=True, refresh_every=10, method="rank_one")
         kpca.update(x[:10])  # the 10th point triggers a refresh
         ref = IncrementalKPCA(kernel, centered=True).fit(x[:10])
         torch.testing.assert_close(kpca.eigenvalues, ref.eigenvalues, rtol=0, atol=0)
@@ -206,7 +215,8 @@ class TestRefresh:
         k32.lengthscale = 2.0
         errors = {}
         for every in (None, 50):
-            kpca = IncrementalKPCA(k32, dtype=torch.float32, refresh_every=every)
+            # the rank-one path (method="auto" adds 400 points by one batch eigh)
+            kpca = IncrementalKPCA(k32, dtype=torch.float32, refresh_every=every, method="rank_one")
             for stop in (400, n):
                 kpca.update(x[kpca.num_points : stop].float())
                 ref = torch.linalg.eigvalsh(_kmat(k64, x[:stop]))
