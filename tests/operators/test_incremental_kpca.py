@@ -35,11 +35,12 @@ class TestIncrementalKPCA:
         self.gen = torch.Generator().manual_seed(self.seed)
 
     @pytest.mark.slow
+    @pytest.mark.parametrize("method", ["rank_one", "auto"])
     @pytest.mark.parametrize("centered", [False, True])
-    def test_grow_20_to_500_against_eigh(self, centered):
+    def test_grow_20_to_500_against_eigh(self, centered, method):
         x = torch.randn(500, 3, generator=self.gen, dtype=D64)
         kernel = _rbf()
-        kpca = IncrementalKPCA(kernel, centered=centered).fit(x[:20])
+        kpca = IncrementalKPCA(kernel, centered=centered, method=method).fit(x[:20])
         kpca.update(x[20:])
         k = _kmat(kernel, x, centered)
         ref = torch.linalg.eigvalsh(k).flip(0)
@@ -53,11 +54,12 @@ class TestIncrementalKPCA:
         assert (u @ torch.diag(lam) @ u.T - k).abs().max() <= 1e-11 * ref[0]
         assert kpca.degenerate_points == []
 
+    @pytest.mark.parametrize("method", ["rank_one", "auto"])
     @pytest.mark.parametrize("centered", [False, True])
-    def test_incremental_from_first_point(self, centered):
+    def test_incremental_from_first_point(self, centered, method):
         x = torch.randn(40, 2, generator=self.gen, dtype=D64)
         kernel = _rbf(1.0)
-        kpca = IncrementalKPCA(kernel, centered=centered).update(x)
+        kpca = IncrementalKPCA(kernel, centered=centered, method=method).update(x)
         k = _kmat(kernel, x, centered)
         torch.testing.assert_close(
             kpca.eigenvalues, torch.linalg.eigvalsh(k).flip(0), rtol=0, atol=1e-12
