@@ -983,8 +983,10 @@ class IncrementalKPCA(torch.nn.Module):
         elif strict:
             missing_keys.append(key)
         gram = state_dict.get(prefix + "_gram")
-        if gram is not None and gram.shape == (self._m, self._m):
-            self._gram = gram.detach().to(dtype=self.dtype, device=self._evals.device).clone()
+        if gram is not None and gram.shape == (self._m, self._m) and self.max_components is None:
+            m = self._m
+            self._gram = self._store.new_empty(m + max(16, m // 8), m + max(16, m // 8))
+            self._gram[:m, :m] = gram.detach()  # with room for the next points
         record = {
             k[len(prefix + _KERNEL_VALUES) :]: v.detach().clone()
             for k, v in state_dict.items()
