@@ -6,6 +6,7 @@ import math
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from gpytorch.kernels import Kernel, LinearKernel
 
@@ -39,6 +40,13 @@ from gpext.utils import (
 from gpext.utils.validation import check_not_low_precision
 
 __all__ = ["IncrementalKPCA"]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64)
+
 
 _ON_DEGENERATE = ("warn", "raise", "record")
 # State-dict prefix of the kernel values recorded with the decomposition.
@@ -80,7 +88,8 @@ class IncrementalKPCA(torch.nn.Module):
     :math:`H K H` (:math:`H = I - 11^\top/m`). Adding a point changes every entry of the old
     centred block by :math:`u_i + u_j` (the shift of the row means and of the grand mean), i.e. by
     :math:`u 1^\top + 1 u^\top`, which is two more rank-one updates (weights :math:`\pm 1/2`);
-    then the centred column is appended as above: four updates per point.
+    then the centred column is appended as above: four updates per point (with
+    ``max_components``; otherwise two, see below).
 
     Degenerate points are always added and recorded in :attr:`degenerate_points` (and, by default,
     warned about): ``"zero_self_similarity"`` (:math:`k \le` ``degenerate_rtol`` times the
@@ -95,6 +104,39 @@ class IncrementalKPCA(torch.nn.Module):
     stored point is copied per update, and for an exact ``gpytorch.kernels.LinearKernel`` (no
     ``active_dims``) the row is ``variance * X x`` computed on the block itself (GPyTorch's
     ``LinearKernel`` would first copy the scaled ``X``).
+
+    **Deferred basis.** A rank-one update costs :math:`O(m^2)` for its eigenvalues (deflation,
+    secular equation, Gu-Eisenstat factor :math:`F`, with :math:`U' = U F`) but
+    :math:`O(m^3)` for the product :math:`U F`. Without ``max_components`` the products are
+    deferred: the factors are kept, the next update's :math:`z = U'^\top v` is formed through
+    them (:math:`O(m^2)` each), and the basis is made explicit only when it is read
+    (:attr:`eigenvectors`, :meth:`transform`, :meth:`nystrom`, :meth:`expansion_coefficients`,
+    ``state_dict``, a dtype or device change), by applying the factors or by one batch
+    ``eigh`` of the cached kernel matrix, whichever the cost model below says is cheaper. While
+    points stream in without reads, the basis is made explicit once projecting through the
+    pending factors has cost as much as doing so (a ski-rental rule: never more than twice the
+    cheaper policy), or when they hold more than ``8 m^2`` numbers. The uncentred kernel matrix
+    of the stored points is cached for this (``O(m^2)`` memory besides the basis; not with
+    ``max_components``).
+
+    **Centred points in two updates.** Without ``max_components`` the centred variant keeps
+    the null vector :math:`\pm 1/\sqrt{m}` as an exact basis column (eigenvalue exactly 0;
+    a batch decomposition finds it by a Householder reflection). The new centred matrix is
+    :math:`H_{m+1} B H_{m+1}` with ``B`` the old centred matrix bordered by the column centred
+    with the old statistics, and in the basis of the old eigenvectors, the unit vector
+    :math:`h \propto [1_m; -m]` and the new null vector it is the old eigenvalues bordered by
+    :math:`\sqrt{m/(m+1)}\, U^\top a_0` and :math:`m k_0/(m+1)`: one Givens rotation of the
+    basis and Eq. 7's two rank-one updates, instead of the four above.
+
+    **Dispatch.** :meth:`update` of ``n`` points compares the rank-one path (a fixed ~1.8 ms
+    of Python and host work per rank-one update, two per point, plus :math:`O(m^2)`) with one
+    batch ``eigh`` of the grown matrix after storing the points, by a cost model calibrated on
+    measured single-thread timings (see ``_secular.py``; the crossover for one point is at
+    about ``m = 250``, and many points at once go to ``eigh``), and takes the cheaper;
+    ``method="rank_one"`` or ``"eigh"`` forces one. Measured (``benchmarks/inkpca.py``, one
+    thread): adding one point costs about 0.3x an ``eigh`` of the same matrix at ``m = 500``
+    and 0.13x at ``m = 1000``, centred or not; with the basis read after every point, its
+    products (two ``m x m`` GEMMs) or an ``eigh`` come on top.
 
     Eigenpairs used by :meth:`transform`, :meth:`nystrom` and :meth:`expansion_coefficients`
     follow one documented rule: an eigenpair is kept only if
@@ -143,6 +185,10 @@ class IncrementalKPCA(torch.nn.Module):
             points added by :meth:`update` (see above); ``None`` or 0: never; ``"auto"``
             (default): every 100 points in float32 without ``max_components``, else never
             (follows the working dtype after ``module.to(dtype)``).
+        method: How :meth:`update` adds points: ``"auto"`` (default; rank-one updates or one
+            batch ``eigh``, whichever the cost model says is cheaper), ``"rank_one"`` (always
+            Algorithm 3's updates) or ``"eigh"`` (store the points, then one batch ``eigh``).
+            ``max_components`` always uses the rank-one updates.
 
     Example:
         >>> import gpytorch, torch
@@ -222,6 +268,10 @@ class IncrementalKPCA(torch.nn.Module):
         # Uncentred kernel matrix of the stored points (capacity x capacity block, first _m
         # rows valid) when max_components is None: a batch eigh then needs no kernel call.
         self._gram: torch.Tensor | None = None
+        # Centred, no max_components: index of the basis column that is exactly the null
+        # vector +-1/sqrt(m) (eigenvalue exactly 0), and its sign; None when unknown.
+        self._null: int | None = None
+        self._null_sign = 1.0
         self._since_refresh = 0  # points added by update() since the last batch decomposition
         self.degenerate_points: list[dict[str, Any]] = []
         dev = torch.device("cpu") if device is None else torch.device(device)
@@ -291,6 +341,7 @@ class IncrementalKPCA(torch.nn.Module):
         self._since_refresh = 0
         self._clear_pending()
         self._gram = None
+        self._null = None
         return self
 
     def kernel_changed(self) -> bool:
@@ -366,7 +417,8 @@ class IncrementalKPCA(torch.nn.Module):
         return self
 
     def update(self, x: torch.Tensor, *, show_progress: bool | None = None) -> IncrementalKPCA:
-        """Add points one at a time, in the given order (Algorithm 3).
+        """Add points one at a time, in the given order (Algorithm 3), or by one batch ``eigh``
+        where that is cheaper (``method``, see the class docstring).
 
         With a refresh period (``refresh_every``), every ``refresh_period``-th point added is
         followed by a batch ``eigh`` of the stored points.
@@ -645,14 +697,118 @@ class IncrementalKPCA(torch.nn.Module):
             k = self._gram_matrix()
             diag = torch.diagonal(k).clone()
             row_sums = k.sum(-1)
+            self._null = None
             if self.centered:
                 k = k - k.mean(0, keepdim=True) - k.mean(1, keepdim=True) + k.mean()
-            evals, evecs = torch.linalg.eigh(k)  # reads the lower triangle only
+                if self.max_components is None:
+                    evals, evecs = self._centered_eigh(k)
+                else:
+                    evals, evecs = torch.linalg.eigh(k)
+            else:
+                evals, evecs = torch.linalg.eigh(k)  # reads the lower triangle only
         self._diag, self._row_sums, self._total = diag, row_sums, row_sums.sum()
         self._evals, self._evecs = evals, evecs
         self._clear_pending()
         self._truncate()
         self._since_refresh = 0
+
+    def _centered_eigh(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``eigh`` of a centred kernel matrix with the null vector exact.
+
+        ``K_c 1 = 0``: with the Householder reflector ``P`` that maps ``x = 1/sqrt(m)`` to
+        ``-e_1``, ``P K_c P`` has a zero first row and column, so the eigenpairs are
+        ``(0, -x)`` and ``(lam, P[:, 1:] V)`` from ``eigh`` of the trailing block
+        (``O(m^2)`` besides that ``eigh``). Sets ``_null`` / ``_null_sign``.
+        """
+        m = k.shape[0]
+        if m == 1:
+            self._null, self._null_sign = 0, 1.0
+            return k.new_zeros(1), k.new_ones(1, 1)
+        x = k.new_full((m,), 1.0 / math.sqrt(m))
+        w = x.clone()
+        w[0] += 1.0
+        ww = float(w @ w)
+        kw = k @ w
+        t = kw - (float(w @ kw) / ww) * w
+        pkp = k - (2.0 / ww) * (torch.outer(w, t) + torch.outer(t, w))
+        lam, v = torch.linalg.eigh(pkp[1:, 1:])
+        u_perp = torch.cat([k.new_zeros(1, m - 1), v]) - (2.0 / ww) * torch.outer(w, w[1:] @ v)
+        q = int(torch.searchsorted(lam, lam.new_zeros(1)))
+        evals = torch.cat([lam[:q], lam.new_zeros(1), lam[q:]])
+        evecs = torch.cat([u_perp[:, :q], -x[:, None], u_perp[:, q:]], dim=1)
+        self._null, self._null_sign = q, -1.0
+        return evals, evecs
+
+    def _add_centered(
+        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor, degenerate: bool
+    ) -> None:
+        r"""Add a point to the centred decomposition with two rank-one updates (not four).
+
+        With :math:`c_i = \phi_i - \bar\phi` (old mean), the new centred features are
+        :math:`H_{m+1} [C; c_{new}^\top]`, so :math:`K_c' = H B H` with ``B`` the old
+        :math:`K_c` bordered by :math:`a_0 = C c_{new}` and :math:`k_0 = |c_{new}|^2`.
+        :math:`1^\top a_0 = 0`, so in the orthonormal basis ``{[u_i; 0]}`` (old eigenvectors
+        orthogonal to 1), :math:`h = [1_m; -m] / \sqrt{m(m+1)}` and the new null vector,
+        :math:`K_c'` is the old eigenvalues bordered by :math:`\sqrt{m/(m+1)}\, U^\top a_0`
+        and :math:`m k_0 / (m+1)`: Eq. 7 once. The basis change is one Givens rotation of
+        the old null column and the new unit vector.
+        """
+        m = self.num_points
+        mean_a = a_sum / m
+        s_old = self._total / m**2
+        a0 = a - mean_a - self._row_sums / m + s_old  # centred with the old statistics
+        kp = float(m / (m + 1) * (k - 2 * mean_a + s_old))
+        c = self._project(a0)
+        self._pending_spent += _PROJECT * self._pending_numel
+        null, sign = self._null, self._null_sign
+        c[null] = 0.0
+        c = c * math.sqrt(m / (m + 1))  # coupling with the column -h
+        beta = kp if degenerate else kp / 4
+        p = int(torch.searchsorted(self._evals, k.new_tensor([beta])))
+        self._pending.append(p)
+        self._evals = torch.cat([self._evals[:p], k.new_tensor([beta]), self._evals[p:]])
+        null += int(null >= p)
+        cs, sn = math.sqrt(m / (m + 1)), sign / math.sqrt(m + 1)
+        # columns (p, null) <- (cs e - sn u_null, sn e + cs u_null) = (-h, sign 1/sqrt(m+1))
+        n = m + 1
+        self._push_factor(Factor(n, _arange(n), [(p, null, cs, sn)], _EMPTY, _arange(n),
+                                 _arange(n), None))  # fmt: skip
+        self._null = null
+        c = torch.cat([c[:p], c.new_zeros(1), c[p:]])
+        # Both vectors are in the coordinates of the bordered basis; the second is carried
+        # through the first update's factor (z2 = F1^T z2).
+        if not degenerate:
+            sigma = 4.0 / kp
+            z1, z2 = c.clone(), c
+            z1[p], z2[p] = kp / 2, kp / 4
+            f1 = self._rank_one_z(z1, sigma)
+            self._rank_one_z(f1.apply_transpose(z2), -sigma)
+            return
+        norm = _norm(c)
+        if float(norm) == 0.0:
+            return
+        s = norm.sqrt()
+        z1 = c / s
+        z1[p] = s
+        z2 = z1.clone()
+        z2[p] = -s  # e - ap up to sign
+        f1 = self._rank_one_z(z1, 0.5)
+        self._rank_one_z(f1.apply_transpose(z2), -0.5)
+
+    def _push_factor(self, factor: Factor) -> None:
+        self._pending.append(factor)
+        self._pending_numel += factor.numel
+        if self._null is not None:  # the null column is deflated (z = 0): it moves only
+            s = int(np.flatnonzero(factor.perm == self._null)[0])
+            self._null = int(factor.rank[s])
+
+    def _rank_one_z(self, z: torch.Tensor, sigma: float) -> Factor:
+        """Rank-one update with ``z = U^T v`` given (deferred basis); returns its factor."""
+        if self._null is not None:
+            z[self._null] = 0.0
+        self._evals, factor = rank_one_eigvals_factor(self._evals, z, float(sigma))
+        self._push_factor(factor)
+        return factor
 
     # ------------------------------------------------------------------ deferred basis
     def _clear_pending(self) -> None:
@@ -749,7 +905,8 @@ class IncrementalKPCA(torch.nn.Module):
         if self.max_components is not None:
             return False
         m = self.num_points
-        per_point = 4 if self.centered else 2
+        # two updates per point; four for the centred variant without a known null column
+        per_point = 4 if self.centered and self._null is None and m else 2
         c, b = _UPDATE
         inc = sum(per_point * (c + b * (m + i) ** 2) for i in range(n))
         eigh = _eigh_cost(m + n) + (0.0 if self._gram_valid() or m == 0 else _GEMM * m * m * 64)
@@ -781,8 +938,7 @@ class IncrementalKPCA(torch.nn.Module):
             z = self._project(v)
             self._pending_spent += _PROJECT * self._pending_numel
             self._evals, factor = rank_one_eigvals_factor(self._evals, z, float(sigma))
-            self._pending.append(factor)
-            self._pending_numel += factor.numel
+            self._push_factor(factor)
             return
         u, d = self._evecs, self._evals
         z = u.mT @ v
@@ -870,7 +1026,13 @@ class IncrementalKPCA(torch.nn.Module):
             if float(cos[j]) >= 1 - self.degenerate_rtol:
                 self._report("duplicate", float(j), m)
         a_sum = a.sum()
-        if self.centered:
+        if self.centered and eigen and m and self._null is not None:
+            k_c = k - 2 * (a_sum + k) / (m + 1) + (self._total + 2 * a_sum + k) / (m + 1) ** 2
+            if not degenerate and float(k_c) <= tol:
+                self._report("centered_self_similarity_zero", float(k_c), m)
+                degenerate = True
+            self._add_centered(a, k, a_sum, degenerate)
+        elif self.centered:
             # A single centred point is the zero vector: append (0, e_1) as is.
             a_c, k_c = self._recenter(a, k, a_sum, eigen) if m else (a, k.new_zeros(()))
             if m and not degenerate and float(k_c) <= tol:
@@ -878,6 +1040,8 @@ class IncrementalKPCA(torch.nn.Module):
                 degenerate = True
             if eigen:
                 self._append(a_c, k_c, degenerate)
+                if m == 0 and self.max_components is None:
+                    self._null, self._null_sign = 0, 1.0  # the basis is [1]
         elif eigen:
             self._append(a, k, degenerate)
         if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
@@ -960,6 +1124,8 @@ class IncrementalKPCA(torch.nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         points = self.points
         destination[prefix + "_points"] = points if keep_vars else points.detach()
+        if self._null is not None:
+            destination[prefix + "_null"] = torch.tensor([float(self._null), self._null_sign])
         if self._gram_valid():  # the cached kernel matrix, so a loaded module continues alike
             destination[prefix + "_gram"] = self._gram[: self._m, : self._m].clone()
         for name, value in (self._kernel_values or {}).items():
@@ -982,6 +1148,10 @@ class IncrementalKPCA(torch.nn.Module):
             self._m = int(points.shape[0])
         elif strict:
             missing_keys.append(key)
+        null = state_dict.get(prefix + "_null")
+        self._null = None
+        if null is not None and self.centered and self.max_components is None:
+            self._null, self._null_sign = int(null[0]), float(null[1])
         gram = state_dict.get(prefix + "_gram")
         if gram is not None and gram.shape == (self._m, self._m) and self.max_components is None:
             m = self._m
@@ -997,6 +1167,11 @@ class IncrementalKPCA(torch.nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        for k in [key, prefix + "_gram", *(prefix + _KERNEL_VALUES + name for name in record)]:
+        for k in [
+            key,
+            prefix + "_gram",
+            prefix + "_null",
+            *(prefix + _KERNEL_VALUES + name for name in record),
+        ]:
             if k in unexpected_keys:  # handled above (not registered buffers)
                 unexpected_keys.remove(k)

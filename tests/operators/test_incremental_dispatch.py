@@ -268,3 +268,61 @@ class TestRankOneEighPath:
         d, u = torch.ones(3, dtype=D64), torch.eye(3, dtype=D64)
         with pytest.raises(InputDataError, match="method"):
             rank_one_eigh_update(d, u, torch.ones(3, dtype=D64), 1.0, method="lapack")
+
+
+class TestCenteredTwoUpdates:
+    """The centred variant without max_components: exact null column, two updates a point."""
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_null_column_and_eigh(self, dtype, monkeypatch):
+        monkeypatch.setattr(IncrementalKPCA, "_maybe_flush", lambda self: None)  # keep pending
+        gen = torch.Generator().manual_seed(14)
+        x = torch.randn(70, 3, generator=gen, dtype=D64).to(dtype)
+        kernel = _rbf(dtype)
+        kpca = IncrementalKPCA(
+            kernel, centered=True, dtype=dtype, method="rank_one", refresh_every=None
+        )
+        kpca.fit(x[:30])
+        for i in range(30, 70):
+            before = sum(isinstance(op, Factor) and op.q is not None for op in kpca._pending)
+            kpca.update(x[i])
+            after = sum(isinstance(op, Factor) and op.q is not None for op in kpca._pending)
+            assert after - before == 2  # two rank-one updates per point, not four
+        null = kpca._null
+        assert kpca._evals[null] == 0
+        u = kpca._basis()
+        col = u[:, kpca._null] * kpca._null_sign * 70**0.5
+        torch.testing.assert_close(col, torch.ones_like(col), rtol=0, atol=10 * _tol(dtype))
+        k = _kmat(kernel, x, True).double()
+        ref = torch.linalg.eigvalsh(k)
+        tol = _tol(dtype) * ref.abs().max()
+        torch.testing.assert_close(kpca._evals.double(), ref, rtol=0, atol=tol)
+        ud = u.double()
+        torch.testing.assert_close(ud @ torch.diag(kpca._evals.double()) @ ud.T, k, rtol=0,
+                                   atol=10 * tol)  # fmt: skip
+
+    def test_state_dict_keeps_the_null_column(self):
+        gen = torch.Generator().manual_seed(15)
+        x = torch.randn(40, 2, generator=gen, dtype=D64)
+        a = IncrementalKPCA(_rbf(D64), centered=True, method="rank_one").fit(x[:30])
+        a.update(x[30])
+        b = IncrementalKPCA(_rbf(D64), centered=True, method="rank_one")
+        b.load_state_dict(a.state_dict())
+        assert (b._null, b._null_sign) == (a._null, a._null_sign)
+        for i in range(31, 40):
+            a.update(x[i])
+            b.update(x[i])
+        torch.testing.assert_close(b.eigenvalues, a.eigenvalues, rtol=0, atol=0)
+
+    def test_centered_degenerate_point(self):
+        # a point at the mean of the stored points (linear kernel): centred self-similarity 0
+        gen = torch.Generator().manual_seed(16)
+        x = torch.randn(20, 3, generator=gen, dtype=D64)
+        kernel = gpytorch.kernels.LinearKernel().double()
+        kpca = IncrementalKPCA(kernel, centered=True, method="rank_one", on_degenerate="record")
+        kpca.fit(x)
+        kpca.update(x.mean(0))
+        assert [p["kind"] for p in kpca.degenerate_points] == ["centered_self_similarity_zero"]
+        xs = torch.cat([x, x.mean(0, keepdim=True)])
+        ref = torch.linalg.eigvalsh(_kmat(kernel, xs, True)).flip(0)
+        torch.testing.assert_close(kpca.eigenvalues, ref, rtol=0, atol=1e-12)
