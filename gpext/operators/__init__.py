@@ -1,7 +1,8 @@
 """Linear operators and incremental eigendecompositions.
 
 - :func:`rank_one_eigh_update`: eigendecomposition after a rank-one change (vectorised secular
-  solve, deflation, Gu-Eisenstat eigenvectors).
+  solve, deflation, Gu-Eisenstat eigenvectors; a batched ``eigh`` where a cost model says it
+  is cheaper).
 - :class:`IncrementalKPCA`: kernel PCA of points added one at a time (Algorithm 3 of the InKPCA
   paper), centred or not, with Nyström rescaling (Eq. 8).
 - :class:`NystromKPCALinearOperator`: the low-rank ``U L U^T`` as a linear_operator
