@@ -15,6 +15,27 @@ from gpext.utils.validation import as_float_tensor, check_not_low_precision
 __all__ = ["PCASubspace"]
 
 
+def check_deviations(deviations: object, name: str) -> torch.Tensor:
+    """Trajectory deviations ``(K, D)`` with ``K >= 2``: converted, at least single precision,
+    finite (shared by the subspaces fitted to a trajectory).
+
+    Raises:
+        InputTypeError: For non-numeric or half-precision input.
+        ShapeError: If ``deviations`` is not a matrix.
+        InputDataError: With fewer than two deviations or non-finite entries.
+    """
+    deviations = check_not_low_precision(as_float_tensor(deviations, name), name)
+    if deviations.dim() != 2:
+        raise ShapeError(expected_got(name, "a (K, D) tensor", tuple(deviations.shape)))
+    if deviations.shape[0] < 2:
+        raise InputDataError(
+            expected_got(
+                name, "at least 2 deviations", deviations.shape[0], "Collect more weights first."
+            )
+        )
+    return check_finite(deviations, name)
+
+
 class PCASubspace(nn.Module):
     r"""Projection :math:`P = \operatorname{diag}(s)\, V^\top` from the SVD of the deviations.
 
@@ -72,28 +93,8 @@ class PCASubspace(nn.Module):
             InputDataError: If fewer than two deviations are given, ``rank > K`` (or ``> D``), or
                 the deviations are not finite.
         """
-        deviations = check_not_low_precision(
-            as_float_tensor(deviations, "PCASubspace.fit(deviations)"),
-            "PCASubspace.fit(deviations)",
-        )
-        if deviations.dim() != 2:
-            raise ShapeError(
-                expected_got(
-                    "PCASubspace.fit(deviations)",
-                    "a (K, D) tensor",
-                    getattr(deviations, "shape", type(deviations)),
-                )
-            )
+        deviations = check_deviations(deviations, "PCASubspace.fit(deviations)")
         k, d = deviations.shape
-        if k < 2:
-            raise InputDataError(
-                expected_got(
-                    "PCASubspace.fit(deviations)",
-                    "at least 2 deviations",
-                    k,
-                    "Collect more weights first.",
-                )
-            )
         if self.rank > min(k, d):
             raise InputDataError(
                 expected_got(
@@ -103,7 +104,6 @@ class PCASubspace(nn.Module):
                     "Lower the rank or collect more deviations.",
                 )
             )
-        check_finite(deviations, "PCASubspace.fit(deviations)")
         _, s, vh = randomized_svd(
             deviations / math.sqrt(k - 1),
             self.rank,

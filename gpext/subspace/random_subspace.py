@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
-from gpext.utils import check_finite, check_positive_int
-from gpext.utils.validation import as_float_tensor, check_not_low_precision
+from gpext.errors import InputDataError, NotFittedError, expected_got
+from gpext.subspace.pca_subspace import check_deviations
+from gpext.utils import check_positive_int
 
 __all__ = ["RandomSubspace"]
 
@@ -97,27 +97,8 @@ class RandomSubspace(nn.Module):
             d = check_positive_int(num_parameters, "RandomSubspace.fit(num_parameters)")
             dtype = dtype or torch.get_default_dtype()
         else:
-            deviations = check_not_low_precision(
-                as_float_tensor(deviations, "RandomSubspace.fit(deviations)"),
-                "RandomSubspace.fit(deviations)",
-            )
-            if deviations.dim() != 2:
-                raise ShapeError(
-                    expected_got(
-                        "RandomSubspace.fit(deviations)",
-                        "a (K, D) tensor",
-                        getattr(deviations, "shape", type(deviations)),
-                    )
-                )
-            k, d = deviations.shape
-            if k < 2:
-                raise InputDataError(
-                    expected_got(
-                        "RandomSubspace.fit(deviations)", "at least 2 deviations", k,
-                        "Collect more weights first.",
-                    )
-                )  # fmt: skip
-            check_finite(deviations, "RandomSubspace.fit(deviations)")
+            deviations = check_deviations(deviations, "RandomSubspace.fit(deviations)")
+            d = deviations.shape[1]
             dtype, device = deviations.dtype, deviations.device
         if self.rank > d:
             raise InputDataError(
