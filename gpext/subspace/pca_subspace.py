@@ -15,7 +15,7 @@ from gpext.utils.validation import as_float_tensor, check_not_low_precision
 __all__ = ["PCASubspace"]
 
 
-def check_deviations(deviations: object, name: str) -> torch.Tensor:
+def _check_deviations(deviations: object, name: str) -> torch.Tensor:
     """Trajectory deviations ``(K, D)`` with ``K >= 2``: converted, at least single precision,
     finite (shared by the subspaces fitted to a trajectory).
 
@@ -93,7 +93,7 @@ class PCASubspace(nn.Module):
             InputDataError: If fewer than two deviations are given, ``rank > K`` (or ``> D``), or
                 the deviations are not finite.
         """
-        deviations = check_deviations(deviations, "PCASubspace.fit(deviations)")
+        deviations = _check_deviations(deviations, "PCASubspace.fit(deviations)")
         k, d = deviations.shape
         if self.rank > min(k, d):
             raise InputDataError(

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NotFittedError, expected_got
-from gpext.subspace.pca_subspace import check_deviations
+from gpext.subspace.pca_subspace import _check_deviations
 from gpext.utils import check_positive_int
 
 __all__ = ["RandomSubspace"]
@@ -97,7 +97,7 @@ class RandomSubspace(nn.Module):
             d = check_positive_int(num_parameters, "RandomSubspace.fit(num_parameters)")
             dtype = dtype or torch.get_default_dtype()
         else:
-            deviations = check_deviations(deviations, "RandomSubspace.fit(deviations)")
+            deviations = _check_deviations(deviations, "RandomSubspace.fit(deviations)")
             d = deviations.shape[1]
             dtype, device = deviations.dtype, deviations.device
         if self.rank > d:
