@@ -16,6 +16,8 @@
   (:func:`select_noise_variance`, :func:`select_swag_scale`, :func:`select_prior_std`,
   :func:`select_likelihood`, :func:`select_temperature`, :func:`temperature_grid`); a post-hoc start from a pretrained
   network, :func:`collect_from_pretrained`.
+* Data: every entry point that reads data takes tensors or a loader of batches (e.g. a
+  ``torch.utils.data.DataLoader``), streamed batch by batch (:mod:`gpext.subspace.data`).
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
   predictive of a Gaussian over the coordinates, :func:`linearized_predictive`.

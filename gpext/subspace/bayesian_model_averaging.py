@@ -6,13 +6,14 @@ import copy
 import math
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from gpext.errors import BatchNormWarning, ShapeError, expected_got
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
+from gpext.subspace.data import _check_reiterable, _inputs_of, _is_loader
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.output_likelihood import OutputLikelihood
 
@@ -89,10 +90,10 @@ def classification_average(probs: torch.Tensor) -> torch.Tensor:
 def predict_weight_samples(
     module: nn.Module,
     weights: torch.Tensor,
-    x: torch.Tensor,
+    x: torch.Tensor | Iterable,
     likelihood: OutputLikelihood,
     *,
-    bn_inputs: torch.Tensor | None = None,
+    bn_inputs: torch.Tensor | Iterable | None = None,
     batch_size: int = 4096,
     buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -104,19 +105,29 @@ def predict_weight_samples(
     statistics, those of the last training iterate, which do not belong to the sampled
     weights; a :class:`~gpext.errors.BatchNormWarning` says so.
 
+    ``x`` may be a loader of input batches (tensors, or tuples ``(x_b, ...)`` whose first
+    element is taken; :mod:`gpext.subspace.data`): it is read once, every sample is evaluated
+    on each batch, and the predictions are concatenated over the batches in the loader's
+    order.  ``bn_inputs`` may be a loader too (read once per sample).
+
     Args:
         module: The network (evaluated in eval mode).
         weights: Sampled flat weights. # shape: (S, D)
-        x: Test inputs. # shape: (N, ...)
+        x: Test inputs, or a loader of input batches. # shape: (N, ...)
         likelihood: How to read the outputs.
-        bn_inputs: Inputs for refreshing batch-norm statistics.
-        batch_size: Test points per forward pass.
+        bn_inputs: Inputs (or a loader of them) for refreshing batch-norm statistics.
+        batch_size: Test points per forward pass (tensor inputs).
         buffers: Buffers (e.g. batch-norm statistics refreshed at the subspace centre) used
             for every sample instead of the module's own; ignored with ``bn_inputs``.
 
     Returns:
         Regression: ``{"means": (S, N), "variances": (S, N)}``; classification:
         ``{"probs": (S, N, C)}``.
+
+    Raises:
+        ShapeError: For weights of the wrong shape, or an empty batch of a loader.
+        InputDataError: For an empty loader or non-finite inputs in one.
+        InputTypeError: For a loader whose batches hold no tensor.
 
     Warns:
         BatchNormWarning: For a batch-norm network with neither ``bn_inputs`` nor ``buffers``.
@@ -143,6 +154,20 @@ def predict_weight_samples(
         )
     if refresh:
         buffers = None
+    if _is_loader(x):
+        out = _predict_loader(module, flat, weights, x, bn_inputs if refresh else None, buffers)
+    else:
+        out = _predict_tensor(module, flat, weights, x, bn_inputs if refresh else None, buffers,
+                              batch_size)  # fmt: skip
+    if likelihood.is_regression:
+        means, variances = likelihood.mean_variance(out)
+        return {"means": means, "variances": variances}
+    return {"probs": likelihood.predictive_probs(out)}
+
+
+def _predict_tensor(module, flat, weights, x, bn_inputs, buffers, batch_size) -> torch.Tensor:
+    """Raw outputs of every sample on tensor inputs. # shape: (S, N, ...)"""
+    refresh = bn_inputs is not None
     work = copy.deepcopy(module) if refresh else module
     was_training = work.training
     outs = []
@@ -159,11 +184,43 @@ def predict_weight_samples(
             ]
             outs.append(torch.cat(chunks))
     work.train(was_training)
-    out = torch.stack(outs)
-    if likelihood.is_regression:
-        means, variances = likelihood.mean_variance(out)
-        return {"means": means, "variances": variances}
-    return {"probs": likelihood.predictive_probs(out)}
+    return torch.stack(outs)
+
+
+def _predict_loader(module, flat, weights, loader, bn_inputs, buffers) -> torch.Tensor:
+    """Raw outputs of every sample on a loader of inputs, read once. # shape: (S, N, ...)"""
+    if bn_inputs is not None:
+        if weights.shape[0] > 1:
+            _check_reiterable(bn_inputs, "predict_weight_samples(bn_inputs)")
+        # statistics per sample first (on a copy), then one pass over the test batches
+        work = copy.deepcopy(module)
+        per_sample = []
+        with torch.no_grad():
+            for w in weights:
+                flat.assign(w, work)
+                refresh_batch_norm(work, bn_inputs)
+                per_sample.append({n: b.detach().clone() for n, b in work.named_buffers()})
+    else:
+        per_sample = [buffers] * weights.shape[0]
+    was_training = module.training
+    module.eval()
+    device = weights.device
+    chunks = []
+    try:
+        with torch.no_grad():
+            for xb in _inputs_of(loader, "predict_weight_samples(x)"):
+                xb = xb.to(device)
+                chunks.append(
+                    torch.stack(
+                        [
+                            flat.functional_call(w, xb, buffers=b)
+                            for w, b in zip(weights, per_sample)
+                        ]
+                    )
+                )
+    finally:
+        module.train(was_training)
+    return torch.cat(chunks, dim=1)
 
 
 def _stacklevel() -> int:

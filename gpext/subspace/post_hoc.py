@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
+from gpext.subspace.data import _reject_loader
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.sgd_trajectory import train_sgd_trajectory
 from gpext.subspace.trajectory_collector import TrajectoryCollector
@@ -138,6 +139,9 @@ def collect_from_pretrained(
         >>> swag = SWAG.from_trajectory(traj)  # doctest: +SKIP
     """
     epochs = check_positive_int(epochs, "collect_from_pretrained.epochs", minimum=2)
+    for name, data in (("x", x), ("y", y)):
+        _reject_loader(data, f"collect_from_pretrained({name})",
+                       "Pass tensors, or use train_sgd_trajectory, which takes a loader.")  # fmt: skip
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ShapeError(
             expected_got("collect_from_pretrained(x, y)", "equal, non-zero numbers of rows",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -12,6 +12,15 @@ from gpext.errors import InputDataError, NumericalError, ShapeError, expected_go
 from gpext.fit import check_explained_variance, minibatch_indices
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.subspace.batch_norm import has_batch_norm
+from gpext.subspace.data import (
+    _check_reiterable,
+    _first_rows,
+    _is_loader,
+    _iter_batches,
+    _merge_single_rows,
+    _reject_loader,
+)
+from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int, progress_bar
@@ -21,8 +30,8 @@ __all__ = ["train_sgd_trajectory"]
 
 def train_sgd_trajectory(
     module: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
     likelihood: OutputLikelihood,
     *,
     epochs: int,
@@ -72,10 +81,22 @@ def train_sgd_trajectory(
     homoscedastic network at ``lr = 1e-2`` ended at test RMSE 2.3 standard deviations of the
     target, with it at 0.39).
 
+    Data loaders: ``x`` may be a loader of ``(x_b, y_b, ...)`` batches (e.g. a
+    :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) with ``y=None``. Each
+    epoch iterates the loader once, one optimiser step per batch, with the loader's batch size
+    and order (``batch_size`` must then be ``None`` and ``generator`` is not used; a one-row
+    batch of a batch-norm network is merged into its neighbour); batches are moved to the
+    module's device.  ``collect_every`` still counts optimiser steps; without it the weights
+    are collected once at the end of every collecting epoch.  The learned noise's per-epoch
+    update sums the squared residuals over the batches, and its final value at the SWA mean
+    takes one more pass (:math:`\frac1N \sum_b \sum_{n \in b} (y_n - \mu_n)^2`); the
+    check that the last iterate explains the targets reads the first 4096 rows the loader
+    yields.  Tensors keep the behaviour above unchanged.
+
     Args:
         module: The network (trained in place).
-        x: Training inputs. # shape: (N, ...)
-        y: Training targets. # shape: (N,)
+        x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Training targets (``None`` with a loader). # shape: (N,)
         likelihood: Output likelihood (a ``"homoscedastic_gaussian"`` one is updated in place).
         epochs: Total epochs.
         swa_start: First collecting epoch (``< epochs``).
@@ -98,14 +119,17 @@ def train_sgd_trajectory(
         step_observers: Callables called as ``observer(weights)`` after every optimiser step of
             the collection phase (e.g. :meth:`OnlineFactorAnalysis.update`, which wants many
             iterates).
-        generator: Random generator of the mini-batch order.
+        generator: Random generator of the mini-batch order (tensor inputs).
         show_progress: Progress bar over epochs.
 
     Returns:
         The :class:`TrajectoryCollector`.
 
     Raises:
-        InputDataError: If ``swa_start >= epochs``.
+        InputDataError: If ``swa_start >= epochs``; with a loader: ``y`` or ``batch_size``
+            given, an empty loader, non-finite values, or batches the network cannot evaluate.
+        InputTypeError: For a one-shot iterator (with ``epochs > 1``) or batches that are not
+            ``(x, y)`` tuples of tensors.
         ShapeError: If ``x`` and ``y`` differ in rows, or a batch-norm network gets one row.
         NumericalError: If the loss becomes non-finite.
     """
@@ -115,31 +139,47 @@ def train_sgd_trajectory(
         raise InputDataError(
             expected_got("train_sgd_trajectory.swa_start", f"< epochs={epochs}", swa_start)
         )
-    n = x.shape[0]
-    if y.shape[0] != n or n == 0:
-        raise ShapeError(
-            expected_got(
-                "train_sgd_trajectory(x, y)",
-                "equal, non-zero numbers of rows",
-                (tuple(x.shape), tuple(y.shape)),
-            )
-        )
-    bs = -(-n // 10) if batch_size is None else min(check_positive_int(batch_size, "batch_size"), n)
+    loader = _is_loader(x)
     min_size = 2 if has_batch_norm(module) else 1
-    if n < min_size:
-        raise ShapeError(
-            expected_got(
-                "train_sgd_trajectory(x)",
-                "at least 2 rows for a network with batch norm (no batch variance for one row)",
-                tuple(x.shape),
-            )
+    if loader:
+        _check_loader_args(x, y, batch_size, epochs)
+        n = None
+        every = (
+            None if collect_every is None else check_positive_int(collect_every, "collect_every")
         )
-    steps_per_epoch = -(-n // bs) - (1 if min_size == 2 and n > bs and n % bs == 1 else 0)
-    every = (
-        steps_per_epoch
-        if collect_every is None
-        else check_positive_int(collect_every, "collect_every")
-    )
+    else:
+        _reject_loader(y, "train_sgd_trajectory(y)", "Pass the targets as a tensor, or a loader "
+                       "of (x, y) batches as x and y=None.")  # fmt: skip
+        n = x.shape[0]
+        if y is None or y.shape[0] != n or n == 0:
+            raise ShapeError(
+                expected_got(
+                    "train_sgd_trajectory(x, y)",
+                    "equal, non-zero numbers of rows",
+                    (tuple(x.shape), None if y is None else tuple(y.shape)),
+                )
+            )
+        bs = (
+            -(-n // 10)
+            if batch_size is None
+            else min(check_positive_int(batch_size, "batch_size"), n)
+        )
+        if n < min_size:
+            raise ShapeError(
+                expected_got(
+                    "train_sgd_trajectory(x)",
+                    "at least 2 rows for a network with batch norm (no batch variance for one row)",
+                    tuple(x.shape),
+                )
+            )
+        steps_per_epoch = -(-n // bs) - (1 if min_size == 2 and n > bs and n % bs == 1 else 0)
+        every = (
+            steps_per_epoch
+            if collect_every is None
+            else check_positive_int(collect_every, "collect_every")
+        )
+    # a loader without collect_every: one collection at the end of every epoch
+    per_epoch = every is None
     swa_lr = lr / 2 if swa_lr is None else swa_lr
     if max_grad_norm is not None and not max_grad_norm > 0:
         raise InputDataError(
@@ -147,9 +187,39 @@ def train_sgd_trajectory(
                 "train_sgd_trajectory.max_grad_norm", "a number > 0 or None", max_grad_norm
             )
         )
-    collector = TrajectoryCollector(module, max_deviations=max_deviations, collect_every=every)
+    collector = TrajectoryCollector(
+        module,
+        max_deviations=max_deviations,
+        collect_every=every or _sized(x) or 1,
+    )
     opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     learn_noise = likelihood.learns_noise
+
+    def epoch_batches():
+        if not loader:
+            for idx in minibatch_indices(
+                n, bs, generator=generator, device=x.device, min_size=min_size
+            ):
+                yield x[idx], y[idx]
+            return
+        batches = _training_batches(x, module, "train_sgd_trajectory(x)")
+        for xb, yb in _merge_single_rows(batches) if min_size == 2 else batches:
+            if xb.shape[0] < min_size:
+                raise ShapeError(
+                    expected_got(
+                        "train_sgd_trajectory(x)",
+                        "at least 2 rows for a network with batch norm (no batch variance for "
+                        "one row)", f"a loader of one row, inputs of shape {tuple(xb.shape)}",
+                    )
+                )  # fmt: skip
+            yield xb, yb
+
+    def notify(dev: torch.Tensor | None) -> None:
+        if dev is not None:
+            w = collector.flat.flatten()
+            for obs in observers:
+                obs(w, dev)
+
     module.train()
     for epoch in progress_bar(range(epochs), desc="SGD/SWA", show=show_progress):
         if epoch < swa_start:
@@ -162,16 +232,14 @@ def train_sgd_trajectory(
         for group in opt.param_groups:
             group["lr"] = rate
         sq_residuals, rows = 0.0, 0
-        for idx in minibatch_indices(
-            n, bs, generator=generator, device=x.device, min_size=min_size
-        ):
-            out = module(x[idx])
-            loss = -likelihood.log_prob(out, y[idx]).mean()
+        for xb, yb in epoch_batches():
+            out = module(xb) if not loader else _forward(module, xb, "train_sgd_trajectory(x)")
+            loss = -likelihood.log_prob(out, yb).mean()
             if learn_noise:
                 with torch.no_grad():
                     mean, _ = likelihood.mean_variance(out)
-                    sq_residuals += float(((y[idx] - mean) ** 2).sum())
-                    rows += idx.shape[0]
+                    sq_residuals += float(((yb - mean) ** 2).sum())
+                    rows += xb.shape[0]
             if not torch.isfinite(loss):
                 raise NumericalError(
                     f"train_sgd_trajectory: non-finite loss at epoch {epoch}; lower lr or check the data."
@@ -186,11 +254,10 @@ def train_sgd_trajectory(
                     w_step = collector.flat.flatten()
                     for obs in step_observers:
                         obs(w_step)
-                dev = collector.step()
-                if dev is not None:
-                    w = collector.flat.flatten()
-                    for obs in observers:
-                        obs(w, dev)
+                if not per_epoch:
+                    notify(collector.step())
+        if per_epoch and epoch >= swa_start:
+            notify(collector.collect())
         if learn_noise and rows > 0 and math.isfinite(sq_residuals):
             likelihood.noise_variance = max(sq_residuals / rows, likelihood.min_variance, 1e-300)
     module.eval()
@@ -198,16 +265,98 @@ def train_sgd_trajectory(
         # the maximum-likelihood noise at the SWA mean, the centre of every posterior built
         # from the trajectory
         swa = collector.mean if collector.num_collected > 0 else collector.flat.flatten()
-        with torch.no_grad():
-            out = torch.cat([collector.flat.functional_call(swa.to(x.dtype), x[i : i + 4096])
-                             for i in range(0, n, 4096)])  # fmt: skip
-        likelihood.fit_noise(out, y)
-    if likelihood.is_regression and y.dim() == 1:
+        if loader:
+            _fit_noise_streamed(collector.flat, swa, x, module, likelihood)
+        else:
+            with torch.no_grad():
+                out = torch.cat([collector.flat.functional_call(swa.to(x.dtype), x[i : i + 4096])
+                                 for i in range(0, n, 4096)])  # fmt: skip
+            likelihood.fit_noise(out, y)
+    if likelihood.is_regression:
         # a network that settled on the targets' mean must not pass silently
-        sub = slice(0, min(n, 4096))
-        with torch.no_grad():
-            mean, _ = likelihood.mean_variance(module(x[sub]))
-        check_explained_variance(mean.reshape(-1), y[sub].reshape(-1).to(mean),
-                                 name="train_sgd_trajectory (last iterate)", stacklevel=2,
-                                 advice=NETWORK_FIT_ADVICE)  # fmt: skip
+        if loader:
+            x_sub, y_sub = _first_rows(_training_batches(x, module, "train_sgd_trajectory(x)"),
+                                       4096)  # fmt: skip
+        else:
+            sub = slice(0, min(n, 4096))
+            x_sub, y_sub = x[sub], y[sub]
+        if y_sub.dim() == 1:
+            with torch.no_grad():
+                mean, _ = likelihood.mean_variance(module(x_sub))
+            check_explained_variance(mean.reshape(-1), y_sub.reshape(-1).to(mean),
+                                     name="train_sgd_trajectory (last iterate)", stacklevel=2,
+                                     advice=NETWORK_FIT_ADVICE)  # fmt: skip
     return collector
+
+
+def _sized(data: object) -> int | None:
+    """``len(data)`` when the loader has one (a DataLoader's number of batches)."""
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _check_loader_args(loader: object, y: object, batch_size: int | None, epochs: int) -> None:
+    """Arguments that a loader ``x`` excludes: ``y``, ``batch_size``; one-shot iterators."""
+    if y is not None:
+        raise InputDataError(
+            expected_got("train_sgd_trajectory(y)", "None when x is a loader of (x, y) batches",
+                         type(y).__name__, "Drop y: the loader yields the targets.")
+        )  # fmt: skip
+    if batch_size is not None:
+        raise InputDataError(
+            expected_got("train_sgd_trajectory.batch_size", "None when x is a loader",
+                         batch_size, "Set the batch size in the loader.")
+        )  # fmt: skip
+    if epochs > 1:
+        _check_reiterable(loader, "train_sgd_trajectory(x)")
+
+
+def _training_batches(loader: object, module: nn.Module, name: str):
+    """Checked ``(x_b, y_b)`` batches of a loader, moved to the module's device."""
+    device = next(module.parameters()).device
+    return _iter_batches(loader, name, targets=True,
+                         convert=lambda xb, yb: (xb.to(device), yb.to(device)))  # fmt: skip
+
+
+def _forward(module: nn.Module, xb: torch.Tensor, name: str) -> torch.Tensor:
+    """``module(x_b)``, with a gpext error when the network cannot evaluate the batch."""
+    try:
+        return module(xb)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise InputDataError(
+            expected_got(
+                name, "batches the network can evaluate",
+                f"inputs of shape {tuple(xb.shape)}, dtype {xb.dtype}; the network raised: {err}",
+                "Make the loader yield inputs shaped (B, ...) in the network's dtype.",
+            )
+        ) from err  # fmt: skip
+
+
+@torch.no_grad()
+def _fit_noise_streamed(
+    flat: FlatParameters,
+    w: torch.Tensor,
+    loader: object,
+    module: nn.Module,
+    likelihood: OutputLikelihood,
+) -> None:
+    r""":meth:`OutputLikelihood.fit_noise` over a loader: :math:`\frac1N\sum_b \sum_{n \in b} (y_n - \mu_n)^2`."""
+    total, rows = 0.0, 0
+    for xb, yb in _training_batches(loader, module, "train_sgd_trajectory(x)"):
+        mean, _ = likelihood.mean_variance(flat.functional_call(w.to(xb.dtype), xb))
+        if mean.shape != yb.shape:
+            raise ShapeError(
+                expected_got("train_sgd_trajectory(x) targets", f"shape {tuple(mean.shape)}",
+                             tuple(yb.shape))
+            )  # fmt: skip
+        total += float(((yb.to(mean) - mean) ** 2).double().sum())
+        rows += yb.shape[0]
+    value = total / rows
+    if not math.isfinite(value):
+        raise InputDataError(
+            "train_sgd_trajectory: non-finite residuals at the SWA mean; check the network and "
+            "targets."
+        )
+    likelihood.noise_variance = max(value, likelihood.min_variance, 1e-300)

@@ -7,7 +7,7 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from gpext.errors import (
     ConvergenceWarning,
     FitError,
     InputDataError,
+    InputTypeError,
     NotFittedError,
     OptimizerStallWarning,
     ShapeError,
@@ -34,6 +35,16 @@ from gpext.fit import (
 from gpext.metrics import mixture_gaussian_log_likelihood
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
+from gpext.subspace.data import (
+    _check_reiterable,
+    _chunks,
+    _first_rows,
+    _is_loader,
+    _MappedLoader,
+    _next_batch,
+    _num_rows,
+    _Stream,
+)
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
@@ -71,7 +82,12 @@ class SubspaceModel(nn.Module):
     are converted to (or must be, for tensors) the dtype and device of ``center``, integer
     tensors are passed to the network as they are (e.g. token indices), and empty, non-finite
     or half-precision inputs, inputs the network cannot evaluate, or a row count that differs
-    from ``y``'s are gpext errors.  Save and restore: the state dict holds the network, the
+    from ``y``'s are gpext errors.  Data loaders: every method that takes ``(x, y)`` also
+    takes a loader of ``(x_b, y_b)`` batches as ``x`` with ``y=None`` (e.g. a
+    :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`), and :meth:`predict` a
+    loader of input batches; each batch is converted and checked as tensors are, full-data
+    log-likelihoods are sums over the batches in memory of one batch, and :meth:`fit_vi` can
+    also take one batch per step (``minibatch=True``).  Save and restore: the state dict holds the network, the
     subspace, the fitted variational ``q`` (after :meth:`fit_vi`), the batch-norm statistics at
     the centre, the temperature and ``variance_scale``; a new instance built the same way
     (same network architecture, centre and projection shapes) loads it.
@@ -149,7 +165,7 @@ class SubspaceModel(nn.Module):
 
     @torch.no_grad()
     def refresh_batch_norm(
-        self, x: torch.Tensor, *, batch_size: int = 256
+        self, x: torch.Tensor | Iterable, *, batch_size: int = 256
     ) -> dict[str, torch.Tensor] | None:
         r"""Recompute the batch-norm statistics at the centre :math:`\hat w` on inputs ``x``.
 
@@ -160,8 +176,9 @@ class SubspaceModel(nn.Module):
         :meth:`fit_vi` call it on their training inputs.
 
         Args:
-            x: Training inputs. # shape: (N, ...)
-            batch_size: Mini-batch size of the pass.
+            x: Training inputs, or a loader of input batches (or of ``(x, y)`` batches, the
+                first element taken; read once, with its own batches). # shape: (N, ...)
+            batch_size: Mini-batch size of the pass (tensor inputs).
 
         Returns:
             :attr:`bn_buffers`, or ``None`` for a network without batch norm.
@@ -169,7 +186,12 @@ class SubspaceModel(nn.Module):
         if not has_batch_norm(self.module):
             self.bn_buffers = None
             return None
-        x = self._check_inputs(x, "SubspaceModel.refresh_batch_norm(x)")
+        if isinstance(x, _Stream):
+            x = (xb for xb, _ in x)
+        elif _is_loader(x):
+            x = self._input_loader(x, "SubspaceModel.refresh_batch_norm(x)")
+        else:
+            x = self._check_inputs(x, "SubspaceModel.refresh_batch_norm(x)")
         work = copy.deepcopy(self.module)
         self.flat.assign(self.center, work)
         refresh_batch_norm(work, x, batch_size=batch_size)
@@ -193,25 +215,41 @@ class SubspaceModel(nn.Module):
             )
         return self.center + theta.to(self.center) @ self.projection
 
-    def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Untempered :math:`\\sum_n \\log p(y_n \\mid f_{w(\\theta)}(x_n))` (differentiable in ``theta``).
+    def log_likelihood(
+        self, theta: torch.Tensor, x: torch.Tensor | Iterable, y: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        r"""Untempered :math:`\sum_n \log p(y_n \mid f_{w(\theta)}(x_n))` (differentiable in ``theta``).
+
+        With a loader of ``(x_b, y_b)`` batches in place of ``(x, y)`` the sum is streamed over
+        the batches, :math:`\sum_b \sum_{n \in b} \log p(y_n \mid f_{w(\theta)}(x_n))`, in
+        memory of one batch: each batch's graph is freed after its gradient with respect to
+        ``theta``, and the returned tensor has the exact value and first derivative (through a
+        linear surrogate) but no second derivatives.  Tensors are evaluated in one pass, as
+        given (no conversion or checks).
 
         Args:
             theta: # shape: (r,)
-            x: Inputs. # shape: (N, ...)
-            y: Targets. # shape: (N,)
+            x: Inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+            y: Targets (``None`` with a loader). # shape: (N,)
 
         Returns:
             Scalar tensor.
+
+        Raises:
+            InputDataError: With a loader: ``y`` given, an empty loader, non-finite values.
+            InputTypeError: With a loader: batches that are not ``(x, y)`` pairs of tensors.
         """
+        if isinstance(x, _Stream) or _is_loader(x):
+            stream = self._data(x, y, "x", "y", what="SubspaceModel.log_likelihood")
+            return self._stream_log_likelihoods(theta.reshape(1, -1), stream)[0]
         with _eval_mode(self.module):
             out = self.flat.functional_call(self.weights(theta), x, buffers=self.bn_buffers)
         return self.likelihood.log_prob(out, y).sum()
 
     def sample_ess(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        x: torch.Tensor | Iterable,
+        y: torch.Tensor | None,
         num_samples: int,
         *,
         burn_in: int = 0,
@@ -222,9 +260,14 @@ class SubspaceModel(nn.Module):
     ) -> torch.Tensor:
         """Elliptical slice samples of :math:`\\theta` from the tempered posterior.
 
+        With a loader of ``(x_b, y_b)`` batches in place of ``(x, y)`` (``y=None``), every
+        log-likelihood evaluation is one streamed pass over the loader (a sum over batches, see
+        :meth:`log_likelihood`); with the same generator the draws equal those of the tensors
+        up to the rounding of the summation order.
+
         Args:
-            x: Training inputs. # shape: (N, ...)
-            y: Training targets. # shape: (N,)
+            x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+            y: Training targets (``None`` with a loader). # shape: (N,)
             num_samples: Number of returned samples ``S``.
             burn_in: Transitions discarded first.
             thin: Keep every ``thin``-th state.
@@ -235,7 +278,7 @@ class SubspaceModel(nn.Module):
         Returns:
             Samples. # shape: (S, r)
         """
-        x, y = self._check_data(x, y)
+        x, y = self._data_pair(x, y, what="SubspaceModel.sample_ess")
         self.refresh_batch_norm(x)
         sampler = EllipticalSliceSampler(
             lambda t: self.log_likelihood(t, x, y) / self.temperature,
@@ -249,7 +292,12 @@ class SubspaceModel(nn.Module):
         )
 
     def check_fit(
-        self, x: torch.Tensor, y: torch.Tensor, thetas: torch.Tensor, *, max_points: int = 4096
+        self,
+        x: torch.Tensor | Iterable,
+        y: torch.Tensor | None,
+        thetas: torch.Tensor,
+        *,
+        max_points: int = 4096,
     ) -> bool:
         r"""Warn when the model average of ``thetas`` explains (almost) none of ``y``.
 
@@ -260,7 +308,8 @@ class SubspaceModel(nn.Module):
         sample does.  Classification is not checked here.
 
         Args:
-            x: Training inputs. # shape: (N, ...)
+            x: Training inputs, or a loader of ``(x_b, y_b)`` batches (``y=None``; its first
+                ``max_points`` rows are read). # shape: (N, ...)
             y: Training targets. # shape: (N,)
             thetas: Subspace samples. # shape: (S, r)
             max_points: Rows used (the first ones).
@@ -273,7 +322,9 @@ class SubspaceModel(nn.Module):
         """
         if not self.likelihood.is_regression:
             return True
-        x, y = self._check_data(x, y)
+        x, y = self._data_pair(x, y, what="SubspaceModel.check_fit")
+        if isinstance(x, _Stream):
+            x, y = _first_rows(x, max_points)
         sub = slice(0, min(x.shape[0], max_points))
         with torch.no_grad():
             means = self.predict(x[sub], thetas)["means"].mean(0)
@@ -288,10 +339,10 @@ class SubspaceModel(nn.Module):
 
     def select_temperature(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        x_val: torch.Tensor,
-        y_val: torch.Tensor,
+        x: torch.Tensor | Iterable,
+        y: torch.Tensor | None,
+        x_val: torch.Tensor | Iterable,
+        y_val: torch.Tensor | None,
         temperatures: Sequence[float] | None = None,
         *,
         num_samples: int = 32,
@@ -321,11 +372,16 @@ class SubspaceModel(nn.Module):
         samples returned, after :meth:`check_fit` on the training rows.  The rows of ``(x_val, y_val)`` must not have been used to train the
         network whose trajectory spans the subspace.
 
+        Either pair may be a loader of ``(x_b, y_b)`` batches in place of the tensors (``y`` or
+        ``y_val`` then ``None``): the training likelihood is streamed (:meth:`sample_ess`,
+        :meth:`fit_vi`), :math:`N` is counted in one pass, and the held-out predictions are
+        gathered batch by batch.
+
         Args:
-            x: Training inputs. # shape: (N, ...)
-            y: Training targets. # shape: (N,)
-            x_val: Held-out inputs. # shape: (M, ...)
-            y_val: Held-out targets. # shape: (M,)
+            x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+            y: Training targets (``None`` with a loader). # shape: (N,)
+            x_val: Held-out inputs, or a loader of batches. # shape: (M, ...)
+            y_val: Held-out targets (``None`` with a loader). # shape: (M,)
             temperatures: Candidate temperatures (positive).
             num_samples: ESS samples per candidate.
             burn_in: ESS transitions discarded per candidate.
@@ -353,14 +409,16 @@ class SubspaceModel(nn.Module):
                 ``method``.
             ShapeError: If inputs and targets disagree.
         """
-        x, y = self._check_data(x, y)
-        x_val, y_val = self._check_data(x_val, y_val, "x_val", "y_val")
+        x, y = self._data_pair(x, y, what="SubspaceModel.select_temperature")
+        x_val, y_val = self._data_pair(
+            x_val, y_val, "x_val", "y_val", what="SubspaceModel.select_temperature"
+        )
         if method not in ("ess", "vi"):
             raise InputDataError(
                 expected_got("SubspaceModel.select_temperature.method", "'ess' or 'vi'", method)
             )
         if temperatures is None:
-            ratio = x.shape[0] / self.rank
+            ratio = _num_rows(x) / self.rank
             temperatures = [ratio**e for e in (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)]
         temps = [float(t) for t in temperatures]
         if not temps or not all(math.isfinite(t) and t > 0 for t in temps):
@@ -386,13 +444,13 @@ class SubspaceModel(nn.Module):
                 if calibrate_variance and self.likelihood.is_regression:
                     kappa, score = self._best_variance_scale(x_val, y_val, thetas)
                 else:
-                    out = self.predict(x_val, thetas)
+                    out, y_val_all = self._predict_data(x_val, y_val, thetas)
                     if "probs" in out:
-                        p = out["probs"].mean(0).gather(-1, y_val.long().view(-1, 1))
+                        p = out["probs"].mean(0).gather(-1, y_val_all.long().view(-1, 1))
                         score = float(p.clamp_min(1e-300).log().mean())
                     else:
                         score = mixture_gaussian_log_likelihood(
-                            out["means"], out["variances"], y_val
+                            out["means"], out["variances"], y_val_all
                         )
             scores[t] = score if math.isfinite(score) else -math.inf
             if best is None or scores[t] > best[1]:
@@ -418,7 +476,7 @@ class SubspaceModel(nn.Module):
         """``(kappa, mean held-out log density at kappa)`` for the network's own variances."""
         saved, self.variance_scale = self.variance_scale, 1.0
         try:
-            out = self.predict(x_val, thetas)
+            out, y_val = self._predict_data(x_val, y_val, thetas)
         finally:
             self.variance_scale = saved
         means, variances = out["means"], out["variances"]
@@ -431,7 +489,7 @@ class SubspaceModel(nn.Module):
         return math.exp(log_kappa), -value
 
     def calibrate_variance(
-        self, x_val: torch.Tensor, y_val: torch.Tensor, thetas: torch.Tensor
+        self, x_val: torch.Tensor | Iterable, y_val: torch.Tensor | None, thetas: torch.Tensor
     ) -> float:
         r"""Scale the predicted observation variances to maximise the held-out likelihood.
 
@@ -449,7 +507,8 @@ class SubspaceModel(nn.Module):
         train the network.
 
         Args:
-            x_val: Held-out inputs. # shape: (M, ...)
+            x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches (``y_val=None``; the
+                predictions, of shape ``(S, M)``, are gathered batch by batch). # shape: (M, ...)
             y_val: Held-out targets. # shape: (M,)
             thetas: Subspace samples. # shape: (S, r)
 
@@ -465,19 +524,22 @@ class SubspaceModel(nn.Module):
                 expected_got("SubspaceModel.calibrate_variance", "a regression likelihood",
                              self.likelihood.kind)
             )  # fmt: skip
-        x_val, y_val = self._check_data(x_val, y_val, "x_val", "y_val")
+        x_val, y_val = self._data_pair(
+            x_val, y_val, "x_val", "y_val", what="SubspaceModel.calibrate_variance"
+        )
         self.variance_scale = self._best_variance_scale(x_val, y_val, thetas)[0]
         return self.variance_scale
 
     def fit_vi(
         self,
-        x: torch.Tensor,
-        y: torch.Tensor,
+        x: torch.Tensor | Iterable,
+        y: torch.Tensor | None = None,
         *,
         num_steps: int = 1000,
         lr: float = 5e-2,
         num_mc: int = 4,
         batch_size: int | None = None,
+        minibatch: bool = False,
         init_std: float | None = None,
         map_init: bool = True,
         map_max_iter: int = 100,
@@ -516,15 +578,39 @@ class SubspaceModel(nn.Module):
            side, a :class:`~gpext.errors.ConvergenceWarning` is issued (halves rather than one
            standard-error bound: network gradients are heavy-tailed).
 
+        Data loaders: ``x`` may be a loader of ``(x_b, y_b)`` batches (``y=None``).  By default
+        (``minibatch=False``) every likelihood evaluation is a full pass over the loader, the
+        exact sum over its batches in memory of one batch (:meth:`log_likelihood`), as the
+        tensor path's full batch.  With ``minibatch=True`` each Adam step (and each pair of the
+        check) uses the next batch :math:`\mathcal B_b` of the loader, one epoch per pass, with
+        the stochastic estimate
+
+        .. math::
+
+            \widehat{\ell}_b(\theta) = \frac{N}{|\mathcal B_b|} \sum_{n \in \mathcal B_b}
+            \log p(y_n \mid f_{w(\theta)}(x_n)),
+
+        unbiased for :math:`\sum_n \log p(y_n \mid f_{w(\theta)}(x_n))` when the batch is a
+        uniformly random subset of its size (a loader with ``shuffle=True``: each row lies in
+        batch :math:`b` with probability :math:`|\mathcal B_b| / N`), whatever the batch sizes;
+        :math:`N` is counted in a first pass.  A loader that does not shuffle gives a biased
+        estimate per step (unbiased only averaged over an epoch of equal-sized batches).  The
+        MAP start and the curvature always use full passes.  ``batch_size`` applies to tensors
+        only.
+
         Args:
-            x: Training inputs (any trailing shape, e.g. images). # shape: (N, ...)
-            y: Training targets. # shape: (N,)
-            num_steps: Adam steps (with ``batch_size``: rounded up to whole epochs).
+            x: Training inputs (any trailing shape, e.g. images), or a loader of
+                ``(x_b, y_b)`` batches. # shape: (N, ...)
+            y: Training targets (``None`` with a loader). # shape: (N,)
+            num_steps: Adam steps (with ``batch_size`` or ``minibatch``: rounded up to whole
+                epochs).
             lr: Adam learning rate in whitened units (see above).
             num_mc: Monte Carlo samples per step (antithetic pairs when even).
             batch_size: Mini-batch size (``None``: full batch); the likelihood is rescaled by
                 ``N / batch_size``.  The MAP and the curvature evaluate the full data in chunks
                 of this size.
+            minibatch: With a loader, use one batch per step with the :math:`N / |\mathcal B_b|`
+                scaled estimate above (``False``: a full pass per step).
             init_std: Initial standard deviation of ``q`` (``None``: the reference scales
                 :math:`c`, the recommended choice).
             map_init: Start the mean at the MAP (``False``: at 0).
@@ -553,9 +639,21 @@ class SubspaceModel(nn.Module):
                 ``check_tol`` (raise ``num_steps`` or ``num_mc``).
         """
         start = time.perf_counter()
-        x, y = self._check_data(x, y)
-        self.refresh_batch_norm(x)
         what = "SubspaceModel.fit_vi"
+        x, y = self._data_pair(x, y, what=what)
+        stream = isinstance(x, _Stream)
+        if stream and batch_size is not None:
+            raise InputDataError(
+                expected_got(f"{what}.batch_size", "None when x is a loader", batch_size,
+                             "Set the batch size in the loader (and minibatch=True for "
+                             "one batch per step).")
+            )  # fmt: skip
+        if minibatch and not stream:
+            raise InputDataError(
+                expected_got(f"{what}.minibatch", "False for tensor data", minibatch,
+                             "Pass batch_size for minibatches of tensors, or a loader.")
+            )  # fmt: skip
+        self.refresh_batch_norm(x)
         num_steps = check_positive_int(num_steps, f"{what}.num_steps")
         num_mc = check_positive_int(num_mc, f"{what}.num_mc")
         map_max_iter = check_positive_int(map_max_iter, f"{what}.map_max_iter")
@@ -575,12 +673,15 @@ class SubspaceModel(nn.Module):
             raise InputDataError(
                 expected_got(f"{what}.init_std", "None or a number > 1e-6", init_std)
             )
-        n = x.shape[0]
-        bs = (
-            n
-            if batch_size is None
-            else min(check_positive_int(batch_size, f"{what}.batch_size"), n)
-        )
+        n = _num_rows(x)
+        if stream:
+            bs = None  # the loader's batches
+        else:
+            bs = (
+                n
+                if batch_size is None
+                else min(check_positive_int(batch_size, f"{what}.batch_size"), n)
+            )
         dtype, device = self.center.dtype, self.center.device
 
         # 1. initial mean (MAP) and reference scales (curvature)
@@ -604,6 +705,15 @@ class SubspaceModel(nn.Module):
         vectorise = [num_mc > 1]  # torch.func.vmap over the samples, until it fails once
 
         def neg_elbo(batch: torch.Tensor | None = None) -> torch.Tensor:
+            if stream:
+                thetas, _ = sample(num_mc)
+                if minibatch:  # the next batch of the loader, scaled by N / B_b
+                    xb, yb = _next_batch(live, x)
+                    part = _Stream.of(self, xb, yb)
+                    ll = self._stream_log_likelihoods(thetas, part).mean() * (n / xb.shape[0])
+                else:
+                    ll = self._stream_log_likelihoods(thetas, x).mean()
+                return -ll / self.temperature + _kl_to_prior(white.loc, white.scale, self.prior_std)
             xb, yb = (x, y) if batch is None else (x[batch], y[batch])
             thetas, _ = sample(num_mc)
             ll = None
@@ -619,7 +729,17 @@ class SubspaceModel(nn.Module):
 
         batches = None
         epochs = num_steps
-        if bs < n:
+        live: list[Iterator] = [iter(())]
+        if stream and minibatch:
+            per_epoch = x.num_batches
+            epochs = max(1, math.ceil(num_steps / per_epoch))
+
+            def batches(epoch: int) -> range:
+                # one pass of the loader per epoch, read lazily by neg_elbo (memory of a batch)
+                live[0] = iter(x)
+                return range(per_epoch)
+
+        elif not stream and bs < n:
             per_epoch = len(minibatch_indices(n, bs, min_size=max(1, bs // 2)))
             epochs = max(1, math.ceil(num_steps / per_epoch))
 
@@ -659,7 +779,8 @@ class SubspaceModel(nn.Module):
         # 3. convergence check (train_loop's grad_norm is one noisy step's, in whitened units)
         result.grad_norm = math.nan
         if check_samples > 0:
-            self._check_vi(q, x, y, bs, check_samples, check_tol, generator, result)
+            chunk = bs if not stream else (-1 if minibatch else None)
+            self._check_vi(q, x, y, chunk, check_samples, check_tol, generator, result)
         result.seconds = time.perf_counter() - start
         return result
 
@@ -679,13 +800,12 @@ class SubspaceModel(nn.Module):
         leaves out the prior term.
         """
         log_prior = theta.pow(2).sum() / (2 * self.prior_std**2) if prior else 0.0
-        n = x.shape[0]
-        if chunk >= n:
+        if not isinstance(x, _Stream) and chunk >= x.shape[0]:
             return log_prior - self.log_likelihood(theta, x, y) / self.temperature
         value = torch.zeros((), dtype=theta.dtype, device=theta.device)
         grad = torch.zeros_like(theta)
-        for i in range(0, n, chunk):
-            ll = self.log_likelihood(theta, x[i : i + chunk], y[i : i + chunk])
+        for xb, yb in _chunks(x, y, chunk):
+            ll = self.log_likelihood(theta, xb, yb)
             (g,) = torch.autograd.grad(ll, theta)
             value = value + ll.detach()
             grad = grad + g
@@ -723,15 +843,15 @@ class SubspaceModel(nn.Module):
                 ) from err
 
     def _reference_scales(
-        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int
+        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int | None
     ) -> torch.Tensor:
         r""":math:`(\max(H_{jj}, \sigma_p^{-2}))^{-1/2}`, :math:`H` the Hessian of :math:`-\ell`."""
         floor = 1.0 / self.prior_std**2
         diag = torch.zeros_like(theta)
         try:
-            for i in range(0, x.shape[0], chunk):
+            for xb, yb in _chunks(x, y, chunk):
                 t = theta.detach().clone().requires_grad_(True)
-                ll = self.log_likelihood(t, x[i : i + chunk], y[i : i + chunk])
+                ll = self.log_likelihood(t, xb, yb)
                 (g,) = torch.autograd.grad(ll, t, create_graph=True)
                 for j in range(self.rank):
                     (h,) = torch.autograd.grad(g[j], t, retain_graph=j < self.rank - 1)
@@ -759,11 +879,18 @@ class SubspaceModel(nn.Module):
         pairs = max(8, (num_samples + 1) // 2)
         eps = torch.randn(pairs, self.rank, generator=generator, dtype=mu.dtype).to(mu.device)
         g_lik, values = [], []  # gradients and values of -sum log p / T at mu +- s eps
-        n = x.shape[0]
+        n = _num_rows(x)
+        live: list[Iterator] = [iter(())]
         for e in eps:
             # with minibatches each pair sees one random minibatch (the cost of a training
             # step; the subsampling noise enters the standard errors)
-            if batch_size < n:
+            if isinstance(x, _Stream):
+                if batch_size is None:  # a full pass per evaluation
+                    xb, yb, factor = x, None, 1.0
+                else:  # the next batch of the loader
+                    xb, yb = _next_batch(live, x)
+                    factor = n / xb.shape[0]
+            elif batch_size < n:
                 idx = torch.randperm(n, generator=generator)[:batch_size].to(x.device)
                 xb, yb, factor = x[idx], y[idx], n / batch_size
             else:
@@ -820,6 +947,68 @@ class SubspaceModel(nn.Module):
             stacklevel=3,
         )
 
+    @torch.no_grad()
+    def elbo(
+        self,
+        x: torch.Tensor | Iterable,
+        y: torch.Tensor | None = None,
+        *,
+        num_samples: int = 64,
+        minibatch: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> float:
+        r"""Monte Carlo estimate of the tempered ELBO of the fitted ``q`` (:meth:`fit_vi`).
+
+        .. math::
+
+            \widehat{\mathcal L} = \frac{1}{T}\,\frac1S \sum_{s=1}^S \hat\ell(\theta_s)
+            - \mathrm{KL}\big(q \,\|\, \mathcal N(0, \sigma_p^2 I)\big), \qquad
+            \theta_s \sim q,
+
+        with :math:`\hat\ell` the full-data log-likelihood (:meth:`log_likelihood`; a
+        streamed sum for a loader) or, with ``minibatch=True`` and a loader, the estimate
+        :math:`\frac{N}{|\mathcal B|}\sum_{n \in \mathcal B} \log p(y_n \mid
+        f_{w(\theta)}(x_n))` on the first batch :math:`\mathcal B` of a new pass of the
+        loader, the estimator of :meth:`fit_vi` with ``minibatch=True`` (unbiased for a
+        shuffling loader).
+
+        Args:
+            x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+            y: Training targets (``None`` with a loader). # shape: (N,)
+            num_samples: Samples ``S`` of :math:`q`.
+            minibatch: One batch of the loader instead of a full pass (loaders only).
+            generator: Random generator of the samples.
+
+        Returns:
+            The estimate.
+
+        Raises:
+            NotFittedError: Before :meth:`fit_vi`.
+            InputDataError: For ``minibatch=True`` with tensors, or invalid data.
+        """
+        if self.variational is None:
+            raise NotFittedError("SubspaceModel.elbo: call fit_vi first.")
+        what = "SubspaceModel.elbo"
+        num_samples = check_positive_int(num_samples, f"{what}.num_samples")
+        x, y = self._data_pair(x, y, what=what)
+        if minibatch and not isinstance(x, _Stream):
+            raise InputDataError(
+                expected_got(f"{what}.minibatch", "False for tensor data", minibatch,
+                             "Pass a loader for minibatch estimates.")
+            )  # fmt: skip
+        q = self.variational
+        thetas = q.rsample(num_samples, generator=generator)
+        if not isinstance(x, _Stream):
+            ll = torch.stack([self.log_likelihood(t, x, y) for t in thetas])
+        elif minibatch:
+            xb, yb = next(iter(x))
+            part = _Stream.of(self, xb, yb)
+            ll = self._stream_log_likelihoods(thetas, part) * (x.num_rows / xb.shape[0])
+        else:
+            ll = self._stream_log_likelihoods(thetas, x)
+        kl = q.kl_divergence(self.prior_std)
+        return float(ll.mean() / self.temperature - kl)
+
     def sample_vi(
         self, num_samples: int, *, generator: torch.Generator | None = None
     ) -> torch.Tensor:
@@ -830,16 +1019,24 @@ class SubspaceModel(nn.Module):
             return self.variational.rsample(num_samples, generator=generator)
 
     def predict(
-        self, x: torch.Tensor, thetas: torch.Tensor, *, bn_inputs: torch.Tensor | None = None
+        self,
+        x: torch.Tensor | Iterable,
+        thetas: torch.Tensor,
+        *,
+        bn_inputs: torch.Tensor | Iterable | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-sample predictions for Bayesian model averaging.
 
+        ``x`` may be a loader of input batches (tensors, or tuples ``(x_b, ...)`` whose first
+        element is taken): it is read once and the predictions are concatenated over its
+        batches, in its order (:func:`~gpext.subspace.predict_weight_samples`).
+
         Args:
-            x: Test inputs. # shape: (N, ...)
+            x: Test inputs, or a loader of input batches. # shape: (N, ...)
             thetas: Subspace samples. # shape: (S, r)
-            bn_inputs: Training inputs for refreshing batch-norm statistics per sample
-                (default: the statistics at the centre, :attr:`bn_buffers`, once ESS or VI
-                computed them).
+            bn_inputs: Training inputs (or a loader of them) for refreshing batch-norm
+                statistics per sample (default: the statistics at the centre,
+                :attr:`bn_buffers`, once ESS or VI computed them).
 
         Returns:
             ``{"means", "variances"}`` of shape ``(S, N)`` (the variances times
@@ -859,9 +1056,15 @@ class SubspaceModel(nn.Module):
                 )
             )  # fmt: skip
         check_finite(thetas, "SubspaceModel.predict(thetas)")
-        x = self._check_inputs(x, "SubspaceModel.predict(x)")
-        self._probe(x, "SubspaceModel.predict(x)")
-        if bn_inputs is not None:
+        loader = _is_loader(x)
+        if loader:
+            x = self._input_loader(x, "SubspaceModel.predict(x)", probe=True)
+        else:
+            x = self._check_inputs(x, "SubspaceModel.predict(x)")
+            self._probe(x, "SubspaceModel.predict(x)")
+        if bn_inputs is not None and _is_loader(bn_inputs):
+            bn_inputs = self._input_loader(bn_inputs, "SubspaceModel.predict(bn_inputs)")
+        elif bn_inputs is not None:
             bn_inputs = self._check_inputs(bn_inputs, "SubspaceModel.predict(bn_inputs)")
         with _eval_mode(self.module):  # every submodule's own mode is restored afterwards
             out = predict_weight_samples(
@@ -873,12 +1076,13 @@ class SubspaceModel(nn.Module):
                 buffers=self.bn_buffers,
             )
         first = out["means"] if "means" in out else out["probs"]
-        if first.dim() != (2 if "means" in out else 3) or first.shape[1] != x.shape[0]:
+        rows = x.rows if loader else x.shape[0]
+        if first.dim() != (2 if "means" in out else 3) or first.shape[1] != rows:
             raise ShapeError(
                 expected_got(
-                    "SubspaceModel.predict(x)", f"one prediction per row of x ({x.shape[0]})",
-                    f"predictions of shape {tuple(first.shape[1:])} for x of shape "
-                    f"{tuple(x.shape)}", "Pass x with one point per row, as in training.",
+                    "SubspaceModel.predict(x)", f"one prediction per row of x ({rows})",
+                    f"predictions of shape {tuple(first.shape[1:])} for x of "
+                    f"{rows} rows", "Pass x with one point per row, as in training.",
                 )
             )  # fmt: skip
         if "variances" in out and self.variance_scale != 1.0:
@@ -953,6 +1157,105 @@ class SubspaceModel(nn.Module):
         elif y.dim() != 1:
             raise ShapeError(expected_got(what, f"shape ({x.shape[0]},)", tuple(y.shape)))
         return x, y
+
+    # ---------------------------------------------------------------- data loaders
+    def _data_pair(
+        self, x: object, y: object, x_name: str = "x", y_name: str = "y", *, what: str
+    ) -> tuple[torch.Tensor, torch.Tensor] | tuple[_Stream, None]:
+        """``(x, y)`` checked as tensors (:meth:`_check_data`) or ``(stream, None)`` for a loader."""
+        if isinstance(x, _Stream) or _is_loader(x):
+            return self._data(x, y, x_name, y_name, what=what), None
+        if _is_loader(y):
+            raise InputTypeError(
+                expected_got(f"{what}({y_name})", f"a tensor of targets, or None when {x_name} "
+                             "is a loader of (x, y) batches", f"a loader ({type(y).__name__})",
+                             f"Pass the loader as {x_name} and {y_name}=None.")
+            )  # fmt: skip
+        return self._check_data(x, y, x_name, y_name)
+
+    def _data(self, x: object, y: object, x_name: str, y_name: str, *, what: str) -> _Stream:
+        """A checked :class:`_Stream` over a loader of ``(x_b, y_b)`` batches."""
+        if isinstance(x, _Stream):
+            return x
+        if y is not None:
+            raise InputDataError(
+                expected_got(f"{what}({y_name})", f"None when {x_name} is a loader of (x, y) "
+                             "batches", type(y).__name__, "Drop it: the loader yields the targets.")
+            )  # fmt: skip
+        _check_reiterable(x, f"{what}({x_name})")
+        return _Stream(self, x, f"{what}({x_name})")
+
+    def _convert_batch(
+        self, xb: torch.Tensor, yb: torch.Tensor, name: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One ``(x_b, y_b)`` batch in the model's dtype and device, as :meth:`_check_data`."""
+        xb = self._check_inputs(xb, f"{name} inputs")
+        if self.likelihood.is_regression:
+            yb = as_model_input(yb, self.center, f"{name} targets")
+            if yb.dim() != 1:
+                raise ShapeError(
+                    expected_got(f"{name} targets", f"shape ({xb.shape[0]},)", tuple(yb.shape))
+                )
+        else:
+            yb = check_labels(yb, None, f"{name} targets").to(self.center.device)
+        return xb, yb
+
+    def _input_loader(self, loader: object, name: str, *, probe: bool = False) -> _MappedLoader:
+        """A loader of input batches, converted by :meth:`_check_inputs` (first one probed)."""
+        state = {"first": probe}
+
+        def convert(xb: torch.Tensor) -> tuple[torch.Tensor]:
+            xb = self._check_inputs(xb, name)
+            if state["first"]:
+                state["first"] = False
+                self._probe(xb, name)
+            view.rows += xb.shape[0]
+            return (xb,)
+
+        view = _MappedLoader(loader, convert, name, targets=False)
+        view.rows = 0
+        return view
+
+    def _stream_log_likelihoods(self, thetas: torch.Tensor, stream: _Stream) -> torch.Tensor:
+        r""":math:`\sum_b \sum_{n \in b} \log p(y_n \mid \theta_s)` per sample, batch by batch.
+
+        Exact values and first derivatives with respect to ``thetas`` (each batch's graph is
+        freed after its gradient; the gradient re-enters through a linear surrogate).
+
+        Args:
+            thetas: # shape: (S, r)
+            stream: The data.
+
+        Returns:
+            # shape: (S,)
+        """
+        need_grad = torch.is_grad_enabled() and thetas.requires_grad
+        leaf = thetas.detach().requires_grad_(need_grad)
+        total = torch.zeros(thetas.shape[0], dtype=thetas.dtype, device=thetas.device)
+        grad = torch.zeros_like(leaf)
+        for xb, yb in stream:
+            ll = torch.stack([self.log_likelihood(t, xb, yb) for t in leaf])
+            if need_grad:
+                (g,) = torch.autograd.grad(ll.sum(), leaf)
+                grad = grad + g
+            total = total + ll.detach()
+        if not need_grad:
+            return total
+        linear = (thetas * grad).sum(-1)
+        return total + linear - linear.detach()
+
+    @torch.no_grad()
+    def _predict_data(
+        self, x: torch.Tensor | _Stream, y: torch.Tensor | None, thetas: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """:meth:`predict` on (validation) data, with its targets; batch by batch for a stream."""
+        if not isinstance(x, _Stream):
+            return self.predict(x, thetas), y
+        outs, ys = [], []
+        for xb, yb in x:
+            outs.append(self.predict(xb, thetas))
+            ys.append(yb)
+        return {k: torch.cat([o[k] for o in outs], dim=1) for k in outs[0]}, torch.cat(ys)
 
     # ---------------------------------------------------------------- save / restore
     def get_extra_state(self) -> dict:
