@@ -1,7 +1,9 @@
 """Bayesian deep learning over weight subspaces.
 
 * :class:`TrajectoryCollector`, :func:`train_sgd_trajectory`: SWA moments and deviations of an
-  SGD trajectory; :class:`FlatParameters`: functional evaluation at flat weights (``torch.func``);
+  SGD trajectory; :class:`FlatParameters`: functional evaluation at flat weights (``torch.func``) of all
+  parameters or a selection (``parameters="last_layer"``, ``"requires_grad"``, names), which
+  every weight posterior built on it inherits;
   :func:`refresh_batch_norm`.
 * Subspaces: :class:`PCASubspace` (:func:`randomized_svd`), :class:`InKPCASubspace`
   (incremental kernel PCA, 000), :class:`CurveSubspace` (the plane of a trained Bezier curve
@@ -33,7 +35,7 @@ from gpext.subspace.bayesian_model_averaging import (
 )
 from gpext.subspace.curve_subspace import CurveSubspace, bezier_point
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import PARAMETER_SELECTIONS, FlatParameters, ParameterSelection
 from gpext.subspace.inkpca_subspace import InKPCASubspace
 from gpext.subspace.linearized_predictive import gaussian_from_samples, linearized_predictive
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
@@ -101,6 +103,8 @@ __all__ = [
     "validation_log_likelihood",
     "EllipticalSliceSampler",
     "FlatParameters",
+    "PARAMETER_SELECTIONS",
+    "ParameterSelection",
     "InKPCASubspace",
     "LowRankGaussianWeightPosterior",
     "MeanFieldGaussian",

@@ -14,7 +14,7 @@ from torch import nn
 from gpext.errors import BatchNormWarning, ShapeError, expected_got
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.data import _check_reiterable, _inputs_of, _is_loader
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 
 __all__ = [
@@ -96,6 +96,7 @@ def predict_weight_samples(
     bn_inputs: torch.Tensor | Iterable | None = None,
     batch_size: int = 4096,
     buffers: Mapping[str, torch.Tensor] | None = None,
+    parameters: ParameterSelection = "all",
 ) -> dict[str, torch.Tensor]:
     """Predict with every sampled weight vector.
 
@@ -119,6 +120,8 @@ def predict_weight_samples(
         batch_size: Test points per forward pass (tensor inputs).
         buffers: Buffers (e.g. batch-norm statistics refreshed at the subspace centre) used
             for every sample instead of the module's own; ignored with ``bn_inputs``.
+        parameters: Which parameters the weights hold (:class:`FlatParameters`; the others
+            keep the module's values), e.g. ``"last_layer"`` for last-layer SWAG samples.
 
     Returns:
         Regression: ``{"means": (S, N), "variances": (S, N)}``; classification:
@@ -132,7 +135,7 @@ def predict_weight_samples(
     Warns:
         BatchNormWarning: For a batch-norm network with neither ``bn_inputs`` nor ``buffers``.
     """
-    flat = FlatParameters(module)
+    flat = FlatParameters(module, parameters)
     if weights.dim() != 2 or weights.shape[-1] != flat.num_parameters:
         raise ShapeError(
             expected_got(
@@ -177,7 +180,7 @@ def _predict_tensor(module, flat, weights, x, bn_inputs, buffers, batch_size) ->
                 flat.assign(w, work)
                 refresh_batch_norm(work, bn_inputs)
             work.eval()
-            w_flat = FlatParameters(work)
+            w_flat = FlatParameters(work, flat.names)
             chunks = [
                 w_flat.functional_call(w, x[i : i + batch_size], buffers=buffers)
                 for i in range(0, x.shape[0], batch_size)

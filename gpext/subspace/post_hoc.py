@@ -13,6 +13,7 @@ from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
 from gpext.subspace.data import _reject_loader
+from gpext.subspace.flat_parameters import ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.sgd_trajectory import train_sgd_trajectory
 from gpext.subspace.trajectory_collector import TrajectoryCollector
@@ -73,6 +74,7 @@ def collect_from_pretrained(
     max_deviations: int = 20,
     max_grad_norm: float | None = 10.0,
     generator: torch.Generator | None = None,
+    parameters: ParameterSelection = "all",
     **kwargs: Any,
 ) -> TrajectoryCollector:
     r"""Collect a short constant-rate SGD (SWA) trajectory starting from pretrained weights.
@@ -119,6 +121,9 @@ def collect_from_pretrained(
         max_deviations: Deviation buffer size ``K``.
         max_grad_norm: Gradient clipping norm (``None``: none).
         generator: Random generator of the mini-batch order.
+        parameters: Which parameters are collected (see
+            :func:`~gpext.subspace.train_sgd_trajectory`: all trainable parameters are trained,
+            only the selected ones collected; e.g. ``"last_layer"``).
         **kwargs: Passed to :func:`~gpext.subspace.train_sgd_trajectory` (``observers``,
             ``step_observers``, ``collect_every``, ``show_progress``).
 
@@ -195,7 +200,8 @@ def collect_from_pretrained(
         lr = chosen
     traj = train_sgd_trajectory(
         module, x, y, likelihood, epochs=epochs, swa_start=0, lr=lr, swa_lr=lr,
-        max_deviations=max_deviations, generator=generator, **common, **kwargs,
+        max_deviations=max_deviations, generator=generator, parameters=parameters, **common,
+        **kwargs,
     )  # fmt: skip
     traj.post_hoc_lr = float(lr)
     return traj

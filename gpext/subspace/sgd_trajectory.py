@@ -20,7 +20,7 @@ from gpext.subspace.data import (
     _merge_single_rows,
     _reject_loader,
 )
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int, progress_bar
@@ -48,6 +48,7 @@ def train_sgd_trajectory(
     step_observers: Sequence[Callable[[torch.Tensor], object]] = (),
     generator: torch.Generator | None = None,
     show_progress: bool | None = None,
+    parameters: ParameterSelection = "all",
 ) -> TrajectoryCollector:
     r"""SGD on the negative mean log-likelihood, then constant-rate SWA collection.
 
@@ -121,6 +122,13 @@ def train_sgd_trajectory(
             iterates).
         generator: Random generator of the mini-batch order (tensor inputs).
         show_progress: Progress bar over epochs.
+        parameters: Which parameters are collected (:class:`~gpext.subspace.FlatParameters`:
+            ``"all"``, ``"requires_grad"``, ``"last_layer"``, names or a predicate).  Every
+            trainable parameter is still optimised ("optimise all, collect selected", as
+            laplace-torch's last-layer approximation trains the whole network); only the
+            selected ones enter the collector, its observers and step observers, whose
+            vectors have the selected length :math:`D`.  Freeze parameters
+            (``requires_grad_(False)``) to keep them out of the optimisation as well.
 
     Returns:
         The :class:`TrajectoryCollector`.
@@ -191,6 +199,7 @@ def train_sgd_trajectory(
         module,
         max_deviations=max_deviations,
         collect_every=every or _sized(x) or 1,
+        parameters=parameters,
     )
     opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     learn_noise = likelihood.learns_noise

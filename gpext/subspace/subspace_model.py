@@ -46,7 +46,7 @@ from gpext.subspace.data import (
     _Stream,
 )
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.mean_field_gaussian import MeanFieldGaussian
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.utils import check_finite, check_labels, check_positive_int
@@ -87,10 +87,13 @@ class SubspaceModel(nn.Module):
     :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`), and :meth:`predict` a
     loader of input batches; each batch is converted and checked as tensors are, full-data
     log-likelihoods are sums over the batches in memory of one batch, and :meth:`fit_vi` can
-    also take one batch per step (``minibatch=True``).  Save and restore: the state dict holds the network, the
-    subspace, the fitted variational ``q`` (after :meth:`fit_vi`), the batch-norm statistics at
-    the centre, the temperature and ``variance_scale``; a new instance built the same way
-    (same network architecture, centre and projection shapes) loads it.
+    also take one batch per step (``minibatch=True``).
+
+    Save and restore: the state dict holds the network, the subspace, the fitted variational
+    ``q`` (after :meth:`fit_vi`), the batch-norm statistics at the centre, the temperature,
+    ``variance_scale`` and the names of the selected parameters; a new instance built the same
+    way (same network architecture, parameter selection, centre and projection shapes) loads
+    it.
 
     Batch norm: the network's running statistics are those of the last SGD iterate, not of the
     centre :math:`\hat w` around which the posterior lives. For a network with batch norm,
@@ -108,6 +111,11 @@ class SubspaceModel(nn.Module):
         likelihood: How to read the network's output.
         prior_std: Prior standard deviation :math:`\sigma_p`.
         temperature: Likelihood temperature :math:`T`.
+        parameters: Which parameters :math:`w` holds (:class:`~gpext.subspace.FlatParameters`:
+            ``"all"``, ``"requires_grad"``, ``"last_layer"``, names or a predicate); ``D`` is
+            their number, and the other parameters keep the network's values in every
+            evaluation (e.g. a subspace of the last layer's weights, from a
+            :class:`~gpext.subspace.TrajectoryCollector` built with the same selection).
 
     Example:
         >>> model = SubspaceModel(net, swa, pca.projection, OutputLikelihood("gaussian"))  # doctest: +SKIP
@@ -124,9 +132,10 @@ class SubspaceModel(nn.Module):
         *,
         prior_std: float = 1.0,
         temperature: float = 1.0,
+        parameters: ParameterSelection = "all",
     ) -> None:
         super().__init__()
-        self.flat = FlatParameters(module)
+        self.flat = FlatParameters(module, parameters)
         # the user's network keeps its train/eval mode: it is switched to eval mode only while
         # it is evaluated (log_likelihood, predict) and restored afterwards
         self.module = module
@@ -1074,6 +1083,7 @@ class SubspaceModel(nn.Module):
                 self.likelihood,
                 bn_inputs=bn_inputs,
                 buffers=self.bn_buffers,
+                parameters=self.flat.names,
             )
         first = out["means"] if "means" in out else out["probs"]
         rows = x.rows if loader else x.shape[0]
@@ -1265,10 +1275,24 @@ class SubspaceModel(nn.Module):
             "prior_std": self.prior_std,
             "variance_scale": self.variance_scale,
             "bn_buffers": self.bn_buffers,
+            "parameters": list(self.flat.names),
         }
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore what :meth:`get_extra_state` saved."""
+        """Restore what :meth:`get_extra_state` saved.
+
+        Raises:
+            InputDataError: If the state was saved with another parameter selection.
+        """
+        names = state.get("parameters")  # absent in states saved before parameter selection
+        if names is not None and list(names) != list(self.flat.names):
+            raise InputDataError(
+                expected_got(
+                    "SubspaceModel.load_state_dict", f"a state of the parameters {self.flat.names}",
+                    f"a state of the parameters {list(names)}",
+                    "Build the model with the same parameters= selection as the saved one.",
+                )
+            )  # fmt: skip
         self.temperature = float(state["temperature"])
         self.prior_std = float(state["prior_std"])
         self.variance_scale = float(state["variance_scale"])

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NotFittedError, expected_got
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.utils import check_finite, check_positive_int
 
 __all__ = ["TrajectoryCollector"]
@@ -38,6 +38,11 @@ class TrajectoryCollector(nn.Module):
     subspaces (:class:`~gpext.subspace.InKPCASubspace`) and online factor analysis can be
     updated at the same moment.
 
+    Parameter selection: with ``parameters`` only the selected weights are collected
+    (:class:`~gpext.subspace.FlatParameters`; e.g. ``"last_layer"``): :math:`D` is their
+    number, and the moments and deviations, hence every posterior built from the collector,
+    cover them alone.
+
     Args:
         module: The network whose parameters are collected (read through
             :class:`~gpext.subspace.FlatParameters`).
@@ -46,6 +51,8 @@ class TrajectoryCollector(nn.Module):
         dtype: Dtype of the stored moments and deviations (default: that of the parameters;
             ``torch.float64`` doubles their memory and makes the moments exact to float64
             rounding).
+        parameters: Which parameters are collected (:data:`~gpext.subspace.ParameterSelection`:
+            ``"all"``, ``"requires_grad"``, ``"last_layer"``, names or a predicate).
 
     Example:
         >>> net = torch.nn.Linear(3, 1)
@@ -62,9 +69,10 @@ class TrajectoryCollector(nn.Module):
         max_deviations: int = 20,
         collect_every: int = 1,
         dtype: torch.dtype | None = None,
+        parameters: ParameterSelection = "all",
     ) -> None:
         super().__init__()
-        self.flat = FlatParameters(module)
+        self.flat = FlatParameters(module, parameters)
         self.max_deviations = check_positive_int(
             max_deviations, "TrajectoryCollector.max_deviations"
         )
@@ -81,7 +89,7 @@ class TrajectoryCollector(nn.Module):
 
     @property
     def num_parameters(self) -> int:
-        """Number of weights ``D``."""
+        """Number of (selected) weights ``D``."""
         return self.flat.num_parameters
 
     @property

@@ -48,6 +48,7 @@ from gpext.fit import minimize_scalar_on_grid
 from gpext.fit.temperature import HyperparameterSelection
 from gpext.nn import MLP, HeteroscedasticMLP
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
+from gpext.subspace.flat_parameters import ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.subspace_model import SubspaceModel
 from gpext.subspace.weight_posterior import (
@@ -276,6 +277,7 @@ def select_noise_variance(
     likelihood: OutputLikelihood,
     *,
     buffers: dict[str, torch.Tensor] | None = None,
+    parameters: ParameterSelection = "all",
 ) -> HyperparameterSelection:
     r"""Choose the noise variance of a constant-noise Gaussian likelihood on held-out rows.
 
@@ -301,6 +303,8 @@ def select_noise_variance(
         likelihood: A ``"gaussian"`` or ``"homoscedastic_gaussian"`` likelihood (updated).
         buffers: Buffers for every sample (batch-norm statistics), as in
             :func:`~gpext.subspace.predict_weight_samples`.
+        parameters: Which parameters the weights hold (e.g. ``"last_layer"``), as in
+            :func:`~gpext.subspace.predict_weight_samples`.
 
     Returns:
         A :class:`~gpext.fit.temperature.HyperparameterSelection`: ``value`` is
@@ -317,7 +321,9 @@ def select_noise_variance(
         raise ShapeError(
             expected_got("select_noise_variance(weights)", "shape (S, D)", tuple(weights.shape))
         )
-    means = predict_weight_samples(module, weights, x_val, likelihood, buffers=buffers)["means"]
+    means = predict_weight_samples(
+        module, weights, x_val, likelihood, buffers=buffers, parameters=parameters
+    )["means"]
     var, score = _best_noise(means, y_val.to(means), likelihood.min_variance)
     likelihood.noise_variance = var
     return HyperparameterSelection(var, None, {var: score}, "noise_variance")
@@ -361,6 +367,7 @@ def select_swag_scale(
     max_scale: float = 4.0,
     tune_noise: bool | None = None,
     generator: torch.Generator | None = None,
+    parameters: ParameterSelection = "all",
 ) -> HyperparameterSelection:
     r"""Choose the covariance scale :math:`s` of a Gaussian weight posterior on held-out rows.
 
@@ -401,6 +408,8 @@ def select_swag_scale(
         tune_noise: Tune the noise first (default: for a ``"homoscedastic_gaussian"``
             likelihood).
         generator: Random generator of the draws.
+        parameters: Which parameters the posterior covers (e.g. ``"last_layer"`` for a SWAG
+            built from a last-layer :class:`~gpext.subspace.TrajectoryCollector`).
 
     Returns:
         A :class:`~gpext.fit.temperature.HyperparameterSelection`: ``value`` :math:`\hat s`,
@@ -436,12 +445,14 @@ def select_swag_scale(
     details = None
     if tune_noise:
         details = {"noise_variance": select_noise_variance(module, anchors, x_val, y_val,
-                                                           likelihood).value}  # fmt: skip
+                                                           likelihood, parameters=parameters
+                                                           ).value}  # fmt: skip
 
     def neg_score(root: float) -> float:
         s = min(root * root, float(max_scale))
         w = anchors + math.sqrt(s) * (draws - anchors)
-        value = validation_log_likelihood(predict_weight_samples(module, w, x_val, likelihood), y)
+        pred = predict_weight_samples(module, w, x_val, likelihood, parameters=parameters)
+        value = validation_log_likelihood(pred, y)
         value = value if math.isfinite(value) else -math.inf
         scores[s] = value
         return -value
