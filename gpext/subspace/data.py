@@ -200,6 +200,8 @@ class _MappedLoader:
 
     def __init__(self, loader: Iterable, fn: Callable, name: str, *, targets: bool) -> None:
         self.loader, self.fn, self.name, self.targets = loader, fn, name, targets
+        #: Rows counted by ``fn`` (if it counts them).
+        self.rows = 0
 
     def __iter__(self) -> Iterator:
         for batch in _iter_batches(self.loader, self.name, targets=self.targets, convert=self.fn):

@@ -136,7 +136,7 @@ def train_sgd_trajectory(
     Raises:
         InputDataError: If ``swa_start >= epochs``; with a loader: ``y`` or ``batch_size``
             given, an empty loader, non-finite values, or batches the network cannot evaluate.
-        InputTypeError: For a one-shot iterator (with ``epochs > 1``) or batches that are not
+        InputTypeError: For a one-shot iterator (a generator) or batches that are not
             ``(x, y)`` tuples of tensors.
         ShapeError: If ``x`` and ``y`` differ in rows, or a batch-norm network gets one row.
         NumericalError: If the loss becomes non-finite.
@@ -150,7 +150,7 @@ def train_sgd_trajectory(
     loader = _is_loader(x)
     min_size = 2 if has_batch_norm(module) else 1
     if loader:
-        _check_loader_args(x, y, batch_size, epochs)
+        _check_loader_args(x, y, batch_size)
         n = None
         every = (
             None if collect_every is None else check_positive_int(collect_every, "collect_every")
@@ -306,7 +306,7 @@ def _sized(data: object) -> int | None:
         return None
 
 
-def _check_loader_args(loader: object, y: object, batch_size: int | None, epochs: int) -> None:
+def _check_loader_args(loader: object, y: object, batch_size: int | None) -> None:
     """Arguments that a loader ``x`` excludes: ``y``, ``batch_size``; one-shot iterators."""
     if y is not None:
         raise InputDataError(
@@ -318,8 +318,8 @@ def _check_loader_args(loader: object, y: object, batch_size: int | None, epochs
             expected_got("train_sgd_trajectory.batch_size", "None when x is a loader",
                          batch_size, "Set the batch size in the loader.")
         )  # fmt: skip
-    if epochs > 1:
-        _check_reiterable(loader, "train_sgd_trajectory(x)")
+    # read once per epoch, and again for the learned noise and the final check
+    _check_reiterable(loader, "train_sgd_trajectory(x)")
 
 
 def _training_batches(loader: object, module: nn.Module, name: str):

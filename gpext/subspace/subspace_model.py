@@ -1072,6 +1072,8 @@ class SubspaceModel(nn.Module):
             x = self._check_inputs(x, "SubspaceModel.predict(x)")
             self._probe(x, "SubspaceModel.predict(x)")
         if bn_inputs is not None and _is_loader(bn_inputs):
+            if thetas.shape[0] > 1:  # read once per sample
+                _check_reiterable(bn_inputs, "SubspaceModel.predict(bn_inputs)")
             bn_inputs = self._input_loader(bn_inputs, "SubspaceModel.predict(bn_inputs)")
         elif bn_inputs is not None:
             bn_inputs = self._check_inputs(bn_inputs, "SubspaceModel.predict(bn_inputs)")
@@ -1223,7 +1225,6 @@ class SubspaceModel(nn.Module):
             return (xb,)
 
         view = _MappedLoader(loader, convert, name, targets=False)
-        view.rows = 0
         return view
 
     def _stream_log_likelihoods(self, thetas: torch.Tensor, stream: _Stream) -> torch.Tensor:
