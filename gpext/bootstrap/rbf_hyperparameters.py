@@ -65,7 +65,7 @@ def fit_kernel_hyperparameters(
     num_points: int = 1000,
     num_iters: int = 100,
     num_restarts: int | None = None,
-    priors: bool = True,
+    priors: bool | None = None,
     fallback_iters: int = 300,
     lr: float = 0.05,
     generator: torch.Generator | None = None,
@@ -89,6 +89,15 @@ def fit_kernel_hyperparameters(
     that optimum out, and a collapse that remains is reported by a
     :class:`~gpext.errors.VarianceCollapseWarning`.
 
+    With fixed noise (``noise`` given: the Dirichlet targets of a classifier) the signal
+    cannot collapse into the noise, and the priors, which are scaled for regression targets,
+    hurt: VBoot-RFF on digits (1000 features, 500-point fit subset, splits 0 and 1) had test
+    error 0.042 / 0.028 with them (median lengthscale 72 / 58) and 0.036 / 0.017 without
+    (13 / 11), and on the 1-D toy of the variational-bootstrap tutorial they drove the
+    lengthscale to 0.067, below the spacing of the inputs (0.41 without).  The default is
+    therefore maximum marginal likelihood from one start for fixed noise and the priors with
+    restarts for learned noise.
+
     Args:
         x: Training inputs.  # shape: (N, d)
         targets: Targets, one column per output.  # shape: (N,) or (N, C)
@@ -100,7 +109,8 @@ def fit_kernel_hyperparameters(
         num_iters: L-BFGS iterations per start.
         num_restarts: Starts (the default values, then prior draws); ``None``: 4 for subsets
             of at most 500 points, else 2.
-        priors: Use the default priors (``False``: maximum marginal likelihood).
+        priors: Use the default priors (``False``: maximum marginal likelihood, one start);
+            ``None``: priors when the noise is learned, none when ``noise`` is given.
         fallback_iters: Adam steps of the fallback fit when every L-BFGS start fails.
         lr: Adam learning rate of the fallback.
         generator: Random generator for the subset and the prior draws.
@@ -164,6 +174,8 @@ def fit_kernel_hyperparameters(
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     idx = torch.randperm(n, generator=generator)[: min(n, num_points)].to(x.device)
     m = idx.numel()
+    if priors is None:
+        priors = noise is None
     if num_restarts is None:
         num_restarts = 4 if m <= 500 else 2
     model = build_exact_gp(

@@ -80,7 +80,9 @@ class VBootRFF(torch.nn.Module):
             shrinks by ``(2 / C)^(1/3)`` so that the fit costs about as much as for two.
         hyper_iters: L-BFGS iterations per start of the hyperparameter fit.
         hyper_restarts: Starts of the hyperparameter fit (``None``: 4 on subsets of at most
-            500 points, else 2; see :func:`~gpext.bootstrap.fit_kernel_hyperparameters`).
+            500 points, else 2; classification, whose Dirichlet noise is fixed, is fitted by
+            maximum marginal likelihood from one start; see
+            :func:`~gpext.bootstrap.fit_kernel_hyperparameters`).
         method: Solver of :func:`~gpext.bootstrap.solve_perturbed_map`.
         gram_memory: Bytes for cached group Gram matrices (see the solver).
         kernel: The kernel the features approximate: ``"rbf"`` (default), ``"matern12"``,

@@ -285,7 +285,9 @@ def fit_exact_gp(
 
     (the priors :math:`p(\theta_i)` registered on the model, once each) by
     :func:`~gpext.fit.minimize_lbfgs` from the model's current values and from
-    ``num_restarts - 1`` draws from the priors, keeping the best start.  When no start can
+    ``num_restarts - 1`` draws from the priors, keeping the best start (a model without
+    priors has nothing to draw restarts from and is fitted from its current values once).
+    When no start can
     be evaluated, ``fallback_iters`` Adam steps from the initial values are taken instead
     (with a :class:`~gpext.errors.NumericalWarning`).  Afterwards (``check=True``) the fit is
     checked for a collapsed signal variance (:func:`~gpext.fit.check_signal_to_noise`) and
@@ -324,6 +326,8 @@ def fit_exact_gp(
     if num_restarts is None:
         num_restarts = 4 if model.train_inputs[0].shape[-2] <= 500 else 2
     num_restarts = check_positive_int(num_restarts, "fit_exact_gp.num_restarts")
+    if next(iter(_unique_priors(model)), None) is None:
+        num_restarts = 1  # every restart would repeat the first start
     name = name or type(model).__name__
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     start = time.perf_counter()

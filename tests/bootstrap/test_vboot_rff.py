@@ -337,3 +337,32 @@ class TestHyperparameterFallback:
         x, y = _regression_data(torch.float64)
         fit_rbf_hyperparameters(x, y)
         assert not [w for w in recwarn if "falling back" in str(w.message)]
+
+
+def test_fixed_noise_fit_is_maximum_marginal_likelihood_from_one_start():
+    # Dirichlet targets: the noise is fixed, so no priors (scaled for regression targets)
+    # and one start; the optimum is a stationary point of the plain marginal likelihood
+    from gpext.bootstrap._targets import dirichlet_targets
+    from gpext.fit import build_exact_gp
+    from gpext.fit.exact_gp import _map_loss
+
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.rand(60, 1, generator=gen, dtype=torch.float64) * 6 - 3).sort(0).values
+    y = torch.bernoulli(torch.sigmoid(4 * torch.sin(1.5 * x[:, 0])), generator=gen).long()
+    t, noise = dirichlet_targets(y, 2, 0.01, 60, "test", torch.float64, x.device)
+    hp = fit_kernel_hyperparameters(x, t, noise)
+    assert len(hp.fit_result.restarts) == 1
+    explicit = fit_kernel_hyperparameters(x, t, noise, priors=False, num_restarts=1)
+    assert torch.allclose(hp.lengthscale, explicit.lengthscale)
+    model = build_exact_gp(x, t, noise=noise, priors=False)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = hp.lengthscale
+        model.covar_module.outputscale = hp.outputscale
+        model.mean_module.constant.copy_(hp.mean.reshape(model.mean_module.constant.shape))
+    model.train()
+    loss = _map_loss(model)
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    assert max(float(g.abs().max()) for g in grads) < 1e-3
+    # with the priors the fit ends at a much shorter lengthscale on this toy
+    with_priors = fit_kernel_hyperparameters(x, t, noise, priors=True)
+    assert float(with_priors.lengthscale) < 0.5 * float(hp.lengthscale)

@@ -145,3 +145,13 @@ def test_log_prior_counts_a_submodule_reached_twice_once():
     kernel = NystromKPCAKernel(base, torch.randn(10, 2))
     assert len(list(kernel.named_priors())) == 2  # GPyTorch lists it twice
     torch.testing.assert_close(log_prior(kernel), log_prior(base))
+
+
+def test_a_model_without_priors_is_fitted_from_one_start():
+    # restarts are prior draws: without priors each would repeat the first start
+    x, y = _data()
+    model = build_exact_gp(x, y, priors=False)
+    res = fit_exact_gp(model, num_restarts=4)
+    assert len(res.restarts) == 1
+    with_priors = fit_exact_gp(build_exact_gp(x, y), num_restarts=3)
+    assert len(with_priors.restarts) == 3
