@@ -60,7 +60,7 @@ def _check_reiterable(loader: object, name: str) -> None:
             expected_got(
                 name, f"{_LOADER}, which can be iterated more than once",
                 f"a one-shot iterator ({type(loader).__name__})",
-                "Wrap the data in a DataLoader (or a list of batches) instead of a generator.",
+                "Wrap the data in a DataLoader (or another re-iterable loader) instead of a generator.",
             )
         )  # fmt: skip
 
