@@ -37,7 +37,7 @@ the held-out rows only, and refine the grid by golden-section search
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -368,6 +368,8 @@ def select_swag_scale(
     tune_noise: bool | None = None,
     generator: torch.Generator | None = None,
     parameters: ParameterSelection = "all",
+    bn_inputs: torch.Tensor | Iterable | None = None,
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> HyperparameterSelection:
     r"""Choose the covariance scale :math:`s` of a Gaussian weight posterior on held-out rows.
 
@@ -410,6 +412,12 @@ def select_swag_scale(
         generator: Random generator of the draws.
         parameters: Which parameters the posterior covers (e.g. ``"last_layer"`` for a SWAG
             built from a last-layer :class:`~gpext.subspace.TrajectoryCollector`).
+        bn_inputs: For a network with batch norm, training inputs (or a loader of them) on
+            which every draw's statistics are recomputed before it is scored
+            (:func:`~gpext.subspace.predict_weight_samples`; one pass per draw and candidate
+            scale, so a subset of the training rows keeps it affordable).
+        buffers: Buffers used for every draw instead of the module's own (e.g. the network's
+            statistics for a posterior over the last layer only); ignored with ``bn_inputs``.
 
     Returns:
         A :class:`~gpext.fit.temperature.HyperparameterSelection`: ``value`` :math:`\hat s`,
@@ -445,13 +453,14 @@ def select_swag_scale(
     details = None
     if tune_noise:
         details = {"noise_variance": select_noise_variance(module, anchors, x_val, y_val,
-                                                           likelihood, parameters=parameters
-                                                           ).value}  # fmt: skip
+                                                           likelihood, parameters=parameters,
+                                                           buffers=buffers).value}  # fmt: skip
 
     def neg_score(root: float) -> float:
         s = min(root * root, float(max_scale))
         w = anchors + math.sqrt(s) * (draws - anchors)
-        pred = predict_weight_samples(module, w, x_val, likelihood, parameters=parameters)
+        pred = predict_weight_samples(module, w, x_val, likelihood, parameters=parameters,
+                                      bn_inputs=bn_inputs, buffers=buffers)  # fmt: skip
         value = validation_log_likelihood(pred, y)
         value = value if math.isfinite(value) else -math.inf
         scores[s] = value

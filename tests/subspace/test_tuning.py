@@ -191,6 +191,42 @@ class TestSelectSwagScale:
         pred = predict_weight_samples(net, w, x, lik)
         assert math.isclose(sel.scores[sel.value], validation_log_likelihood(pred, y), rel_tol=1e-6)
 
+    def test_batch_norm_statistics(self):
+        """Draws of a batch-norm network are scored with their own (or the given) statistics."""
+        import warnings
+
+        from gpext.errors import BatchNormWarning
+
+        torch.manual_seed(0)
+        x, y = _data(torch.float64)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        ).double()
+        with torch.no_grad():
+            net(x + 1.0)  # running statistics that belong to no draw
+        net.eval()
+        swag = _swag(net, torch.float64)
+        lik = OutputLikelihood("gaussian", noise_variance=0.05)
+        with pytest.warns(BatchNormWarning):
+            select_swag_scale(net, swag, x, y, lik, num_samples=3,
+                              generator=torch.Generator().manual_seed(1))  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BatchNormWarning)
+            sel = select_swag_scale(net, swag, x, y, lik, num_samples=3, bn_inputs=x,
+                                    generator=torch.Generator().manual_seed(1))  # fmt: skip
+            own = dict(net.named_buffers())
+            fixed = select_swag_scale(net, swag, x, y, lik, num_samples=3, buffers=own,
+                                      generator=torch.Generator().manual_seed(1))  # fmt: skip
+        unit = swag.sample(3, scale=1.0, generator=torch.Generator().manual_seed(1))
+        for s in (0.0, sel.value):
+            w = swag.mean + math.sqrt(s) * (unit - swag.mean)
+            pred = predict_weight_samples(net, w, x, lik, bn_inputs=x)
+            assert math.isclose(sel.scores[s], validation_log_likelihood(pred, y), rel_tol=1e-6)
+        w = swag.mean + math.sqrt(fixed.value) * (unit - swag.mean)
+        pred = predict_weight_samples(net, w, x, lik, buffers=own)
+        assert math.isclose(fixed.scores[fixed.value], validation_log_likelihood(pred, y),
+                            rel_tol=1e-6)  # fmt: skip
+
     def test_errors(self):
         net = MLP(2, [4], 1)
         x, y = _data(torch.float32)
