@@ -45,6 +45,10 @@ from gpext.integrations.botorch.noisy_ensemble_sampler import NoisyEnsembleSampl
 from gpext.integrations.botorch.sample_ensemble_surrogate import (  # noqa: E402
     SampleEnsembleSurrogate,
 )
+from gpext.integrations.botorch.variance_calibration import (  # noqa: E402
+    VarianceCalibration,
+    cross_validated_variance_scale,
+)
 from gpext.integrations.botorch.vboot_surrogate import VBootSurrogate  # noqa: E402
 from gpext.integrations.botorch.weight_ensemble_surrogate import (  # noqa: E402
     WeightEnsembleSurrogate,
@@ -64,8 +68,10 @@ __all__ = [
     "NoisyEnsembleSampler",
     "SampleEnsembleSurrogate",
     "VBootSurrogate",
+    "VarianceCalibration",
     "WeightEnsembleSurrogate",
     "ax_fit_defaults",
+    "cross_validated_variance_scale",
     "fit_ax_surrogate",
     "fit_gpext_surrogate",
     "fit_weight_ensemble",

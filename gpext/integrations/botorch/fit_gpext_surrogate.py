@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, TypeVar
 
 import torch
 
 from gpext.errors import InputTypeError, NotFittedError, expected_got
+from gpext.fit import AUTO_VALIDATION_MIN_POINTS
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
+from gpext.integrations.botorch.variance_calibration import cross_validated_variance_scale
 
 __all__ = ["fit_gpext_surrogate"]
 
 SurrogateT = TypeVar("SurrogateT", LatentGPSurrogate, SampleEnsembleSurrogate)
 
 
-def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
+def fit_gpext_surrogate(
+    model: SurrogateT,
+    *,
+    calibrate: bool | None = None,
+    calibration_folds: int = 5,
+    **fit_kwargs: Any,
+) -> SurrogateT:
     r"""Fit the gpext model inside an adapter on the adapter's training data.
 
     Like :func:`botorch.fit.fit_gpytorch_mll`, it takes the object to fit, puts it in train
@@ -37,8 +46,31 @@ def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
     Weight ensembles built from their members are trained beforehand by
     :func:`~gpext.integrations.botorch.fit_weight_ensemble`.
 
+    Calibration (``calibrate``): a network fitted to a few points interpolates them, and its
+    epistemic variance was far too small in Bayesian optimisation (on Hartmann-6 with 20
+    points, 2% of held-out values inside IGN's 90% intervals, 2-6% for the weight-subspace
+    ensembles).  With calibration the adapter is also refitted on ``calibration_folds - 1``
+    folds per fold, and the epistemic variance of the final fit is multiplied by the held-out
+    maximum-likelihood factor :math:`\kappa \ge 1`
+    (:func:`~gpext.integrations.botorch.cross_validated_variance_scale`; for ensembles the
+    members are spread about their mean, for :class:`IGNSurrogate` the kernel's outputscale
+    is scaled, which scales its posterior covariance exactly).  It costs ``calibration_folds``
+    extra fits.  The default (``None``) calibrates :class:`IGNSurrogate` on designs of fewer
+    than :data:`~gpext.fit.AUTO_VALIDATION_MIN_POINTS` points and nothing else; a
+    :class:`WeightEnsembleSurrogate` built from data is calibrated by
+    :func:`~gpext.integrations.botorch.fit_weight_ensemble` itself (``calibrate`` and
+    ``calibration_folds`` are passed on when given).  The result is in
+    ``model.variance_calibration`` (``None`` without calibration) and the factor in
+    ``model.epistemic_scale``.  The folds start from the adapter as it is before this call:
+    calibrate an adapter whose wrapped model has not seen the data (as ``construct_inputs``
+    builds it); refitting a fitted model would let the folds start from weights that have
+    seen the held-out rows.
+
     Args:
         model: An adapter built with ``train_X`` and ``train_Y``.
+        calibrate: Calibrate the epistemic variance by cross-validation (``None``: the
+            default above).
+        calibration_folds: Folds of the calibration (at most ``n``).
         **fit_kwargs: Keyword arguments of the wrapped model's ``fit``.
 
     Returns:
@@ -46,7 +78,8 @@ def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
 
     Raises:
         InputTypeError: If ``model`` is not a gpext adapter.
-        NotFittedError: If the adapter has no training data, or its model cannot be refitted.
+        NotFittedError: If the adapter has no training data, its model cannot be refitted, or
+            ``calibrate=True`` for an adapter without variance calibration.
 
     Example:
         >>> import torch
@@ -78,6 +111,34 @@ def fit_gpext_surrogate(model: SurrogateT, **fit_kwargs: Any) -> SurrogateT:
     model.train()
     with torch.no_grad():
         X = model.transform_inputs(model.train_X)
-    model._fit_wrapped(X, model.train_Y.detach(), **fit_kwargs)
+    Y = model.train_Y.detach()
+    if getattr(model, "_calibrates_in_fit", False):  # e.g. fit_weight_ensemble calibrates
+        if calibrate is not None:
+            fit_kwargs = {**fit_kwargs, "calibrate": calibrate,
+                          "calibration_folds": calibration_folds}  # fmt: skip
+        model._fit_wrapped(X, Y, **fit_kwargs)
+        model.eval()
+        return model
+    if calibrate is None:
+        calibrate = model._calibrate_by_default and X.shape[0] < AUTO_VALIDATION_MIN_POINTS
+    if calibrate and isinstance(model, LatentGPSurrogate):
+        model._set_variance_scale(1.0)  # fails early for adapters without calibration
+    model.epistemic_scale = 1.0
+    template = copy.deepcopy(model) if calibrate else None
+    model._fit_wrapped(X, Y, **fit_kwargs)
+    model.variance_calibration = None
+    if calibrate:
+
+        def fit_fold(x: torch.Tensor, y: torch.Tensor) -> SurrogateT:
+            fold = template._fold_copy(x.shape[0])
+            fold._fit_wrapped(x, y, **fit_kwargs)
+            return fold
+
+        result = cross_validated_variance_scale(fit_fold, X, Y, num_folds=calibration_folds)
+        if isinstance(model, LatentGPSurrogate):
+            model._set_variance_scale(result.scale)
+        else:
+            model.epistemic_scale = result.scale
+        model.variance_calibration = result
     model.eval()
     return model

@@ -2,15 +2,17 @@ r"""BoTorch adapter of :class:`gpext.models.InducingGPNetwork`."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from botorch.utils.datasets import SupervisedDataset
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import ScaleKernel
 from linear_operator import to_linear_operator
 
-from gpext.errors import InputTypeError, expected_got
+from gpext.errors import InputTypeError, NotFittedError, expected_got
 from gpext.integrations.botorch._construct_inputs import dataset_tensors
 from gpext.integrations.botorch._training_data import labels_from_targets
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
@@ -144,6 +146,49 @@ class IGNSurrogate(LatentGPSurrogate):
         m = min(check_positive_int(num_inducing, "IGNSurrogate.construct_inputs(num_inducing)"), n)
         model = InducingGPNetwork(embedding, num_inducing=m, **ign_kwargs).to(X)
         return {"model": model, "train_X": X, "train_Y": Y}
+
+    @property
+    def _calibrate_by_default(self) -> bool:
+        # a network fitted to a handful of points interpolates them: calibrate small
+        # regression designs (the calibration is a Gaussian likelihood of the targets)
+        return self.model.task == "regression"
+
+    def _set_variance_scale(self, scale: float) -> None:
+        if self.model.task != "regression":
+            raise NotFittedError(
+                f"IGNSurrogate: variance calibration needs a regression task, got task "
+                f"{self.model.task!r}; call fit_gpext_surrogate(model, calibrate=False)."
+            )
+        # Eq. 7's mean K_XZ K_ZZ^-1 r does not change when the kernel is multiplied by a
+        # constant and its covariance is multiplied by it, so scaling the outputscale scales
+        # the posterior covariance exactly, in every path (posterior, paths, conditioning)
+        kernel = self.model.gp.covar_module
+        if not isinstance(kernel, ScaleKernel):
+            raise InputTypeError(
+                expected_got(
+                    "IGNSurrogate variance calibration", "an InducingGPNetwork whose kernel is a "
+                    "gpytorch ScaleKernel", type(kernel).__name__,
+                    "Wrap the kernel in ScaleKernel, or pass calibrate=False.",
+                )
+            )  # fmt: skip
+        with torch.no_grad():
+            kernel.outputscale = kernel.outputscale * (scale / self.epistemic_scale)
+        self.epistemic_scale = float(scale)
+
+    def _fold_copy(self, num_rows: int) -> IGNSurrogate:
+        # a calibration fold has fewer rows than the design: at most one inducing point per
+        # row (fit initialises them from the rows' features, so only their number matters)
+        fold = copy.deepcopy(self)
+        gp = fold.model.gp
+        if gp.num_inducing > num_rows:
+            gp.inducing_points = torch.nn.Parameter(
+                gp.inducing_points.detach()[..., :num_rows, :].clone(),
+                requires_grad=gp.inducing_points.requires_grad,
+            )
+            gp.pseudo_label_offset = torch.nn.Parameter(
+                gp.pseudo_label_offset.detach()[..., :num_rows].clone(), requires_grad=False
+            )
+        return fold
 
     def _latent(self, X: torch.Tensor) -> MultivariateNormal:
         self.model.eval()

@@ -2,6 +2,7 @@ r"""Base class of the BoTorch adapters of gpext's Gaussian-process models."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,11 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
 
     # outputs of the wrapped model this adapter exposes (set by ``subset_output``; None: all)
     _output_subset: list[int] | None = None
+    #: Factor on the latent covariance set by
+    #: :func:`~gpext.integrations.botorch.fit_gpext_surrogate`'s calibration (1: none).
+    epistemic_scale: float = 1.0
+    # whether fit_gpext_surrogate calibrates the variance by default (small designs)
+    _calibrate_by_default: bool = False
     # Ax: several outcomes are modelled by a ModelList of adapters, never one batched adapter
     _supports_batched_models = False
 
@@ -94,6 +100,23 @@ class LatentGPSurrogate(TrainingDataMixin, Model, ABC):
         raise NotFittedError(
             f"{type(self).__name__}: fit the wrapped model with its own fit method, then wrap it; "
             "fit_gpext_surrogate does not support this adapter."
+        )
+
+    def _fold_copy(self, num_rows: int) -> LatentGPSurrogate:
+        """An unfitted copy of this adapter to fit on ``num_rows`` rows (calibration folds)."""
+        return copy.deepcopy(self)
+
+    def _set_variance_scale(self, scale: float) -> None:
+        r"""Multiply the epistemic (latent) covariance by ``scale`` relative to the fit.
+
+        Adapters that support :func:`~gpext.integrations.botorch.fit_gpext_surrogate`'s
+        calibration override this so that every path (posterior, conditioning, function
+        draws) sees the scaled covariance; ``scale`` is relative to the fitted model, and 1
+        undoes an earlier scale.
+        """
+        raise NotFittedError(
+            f"{type(self).__name__}: this adapter has no variance calibration; call "
+            "fit_gpext_surrogate(model, calibrate=False)."
         )
 
     def posterior(

@@ -3,6 +3,7 @@ r"""Base class of the BoTorch adapters of gpext's sample-based models (ensembles
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -166,6 +167,11 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
 
     # outputs of the wrapped model this adapter exposes (set by ``subset_output``; None: all)
     _output_subset: list[int] | None = None
+    #: Factor :math:`\kappa` on the members' spread about their mean (set by
+    #: :func:`~gpext.integrations.botorch.fit_gpext_surrogate`'s calibration; 1: none).
+    epistemic_scale: float = 1.0
+    # whether fit_gpext_surrogate calibrates the spread by default (small designs)
+    _calibrate_by_default: bool = False
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -342,9 +348,23 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         return GPyTorchPosterior(distribution=dist)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        """Member values at ``X`` (``batch x q x d``), shape ``batch x S x q x m``."""
+        r"""Member values at ``X`` (``batch x q x d``), shape ``batch x S x q x m``.
+
+        With an :attr:`epistemic_scale` :math:`\kappa \ne 1` the members are spread about their
+        (weighted) mean, :math:`\bar f + \sqrt\kappa\,(f^{(s)} - \bar f)`, so the ensemble's
+        variance is :math:`\kappa` times the members' and every sample is still a function.
+        """
         flat = X.reshape(-1, X.shape[-1])
         out = self._members(flat)  # shape: (S, N, m)
+        kappa = float(self.epistemic_scale)
+        if kappa != 1.0:
+            weights = self.ensemble_weights
+            if weights is None:
+                center = out.mean(0, keepdim=True)
+            else:
+                w = (weights / weights.sum()).to(out)
+                center = (w.reshape(-1, 1, 1) * out).sum(0, keepdim=True)
+            out = center + math.sqrt(kappa) * (out - center)
         if self._output_subset is not None:
             out = out[..., self._output_subset]
         out = out.reshape(out.shape[0], *X.shape[:-1], out.shape[-1])

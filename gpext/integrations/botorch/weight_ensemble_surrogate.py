@@ -251,6 +251,9 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         )
         return {"train_X": X, "train_Y": Y}
 
+    # fit_weight_ensemble calibrates the spread itself (small designs)
+    _calibrates_in_fit = True
+
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         if not self._built_from_data:  # members given by the user: not refitted
             super()._fit_wrapped(X, Y, **kwargs)

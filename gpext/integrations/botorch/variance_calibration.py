@@ -1,0 +1,173 @@
+r"""Cross-validated calibration of an adapter's epistemic variance on small designs."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from gpext.errors import InputDataError, expected_got
+from gpext.fit import minimize_scalar_on_grid
+from gpext.utils import check_positive_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    from botorch.models.model import Model
+
+__all__ = ["VarianceCalibration", "cross_validated_variance_scale"]
+
+#: Largest variance factor the calibration may choose (the search range is ``[1, MAX]``).
+MAX_VARIANCE_SCALE = 1e4
+
+
+@dataclass
+class VarianceCalibration:
+    r"""Result of :func:`cross_validated_variance_scale`.
+
+    Attributes:
+        scale: The chosen factor :math:`\kappa \ge 1` on the epistemic variance.
+        num_folds: Folds used (0 when there were too few points and ``scale`` is 1).
+        heldout_nll: Mean held-out negative log density per point at :math:`\kappa = 1`
+            (outcome-transformed units).
+        heldout_nll_calibrated: The same at the chosen :math:`\kappa`.
+        heldout_coverage90: Share of held-out targets inside the central 90% interval at
+            :math:`\kappa = 1`.
+        heldout_coverage90_calibrated: The same at the chosen :math:`\kappa`.
+    """
+
+    scale: float
+    num_folds: int
+    heldout_nll: float = math.nan
+    heldout_nll_calibrated: float = math.nan
+    heldout_coverage90: float = math.nan
+    heldout_coverage90_calibrated: float = math.nan
+
+
+def _heldout_moments(
+    model: Model, X: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean, epistemic variance and noise variance ``(n, m)`` of a fitted adapter at ``X``.
+
+    ``X`` holds transformed inputs; the values are in the outcome-transformed space (the
+    space the adapter is fitted in).
+    """
+    from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
+
+    Xq = X.unsqueeze(-2)  # shape: (n, 1, d)
+    with torch.no_grad():
+        if isinstance(model, SampleEnsembleSurrogate):
+            values = model.forward(Xq)[..., 0, :]  # shape: (n, S, m)
+            mean, var = values.mean(-2), values.var(-2)
+            noise = model._exposed_member_noise_variance(Xq)  # (n, S or 1, 1, m or 1) or None
+            noise = torch.zeros_like(mean) if noise is None else noise[..., 0, :].mean(-2)
+        else:
+            mean, cov = model._latent_moments(Xq)  # shape: (n, m, 1), (n, m, 1, 1)
+            mean = mean[..., 0]
+            var = cov.to_dense()[..., 0, 0]
+            noise = model._exposed_noise_variance(Xq)  # (n, m or 1, 1) or None
+            noise = torch.zeros_like(mean) if noise is None else noise[..., 0]
+    return mean, var.clamp_min(0.0), noise.expand_as(mean).clamp_min(0.0)
+
+
+def cross_validated_variance_scale(
+    fit_fold: Callable[[torch.Tensor, torch.Tensor], Model],
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    *,
+    num_folds: int = 5,
+    generator: torch.Generator | None = None,
+) -> VarianceCalibration:
+    r"""A factor on the epistemic variance, chosen by K-fold cross-validation.
+
+    A network surrogate fitted to a few points can interpolate them and report a small
+    epistemic variance everywhere (on Hartmann-6 with 20 points, 2% of held-out targets fell
+    inside IGN's 90% intervals).  The adapter is refitted on :math:`K - 1` folds of the design
+    and predicts the held-out fold; with :math:`\mu_i`, :math:`v_i` and :math:`s_i` the
+    held-out mean, epistemic variance and noise variance of point :math:`i`, the factor is the
+    held-out maximum-likelihood value
+
+    .. math::
+
+        \kappa = \arg\max_{1 \le \kappa \le 10^4} \sum_{i=1}^n
+            \log \mathcal N\big(y_i;\ \mu_i,\ \kappa v_i + s_i\big),
+
+    found by golden section on :math:`\log\kappa` over :math:`[0, \log 10^4]`
+    (:func:`gpext.fit.minimize_scalar_on_grid`).
+    The factor is only ever raised (:math:`\kappa \ge 1`): with a dozen held-out points an
+    estimate below one is as likely noise as a real excess of variance, and an overconfident
+    surrogate stops exploring.  The final model is fitted on all points by the caller and its
+    epistemic variance multiplied by :math:`\kappa`.  The folds' targets are the
+    outcome-transformed ``Y`` of the whole design (e.g. one ``Standardize``), so the held-out
+    points have influenced the transform, not the fit.
+
+    Args:
+        fit_fold: ``fit_fold(X_train, Y_train)`` returns an adapter fitted to those rows,
+            whose latent moments (:class:`LatentGPSurrogate`) or members
+            (:class:`SampleEnsembleSurrogate`) take inputs in the space of ``X`` and return
+            values in the space of ``Y`` (the adapter's transformed spaces); it must not
+            start from a model that has seen the held-out rows.
+        X: Transformed training inputs. # shape: (n, d)
+        Y: Outcome-transformed training targets. # shape: (n, m)
+        num_folds: :math:`K` (at most ``n``); fewer than 4 points give :math:`\kappa = 1`
+            without refits.
+        generator: Random generator of the fold assignment.
+
+    Returns:
+        A :class:`VarianceCalibration`.
+
+    Raises:
+        InputDataError: If ``num_folds < 2``.
+    """
+    num_folds = check_positive_int(num_folds, "cross_validated_variance_scale.num_folds")
+    if num_folds < 2:
+        raise InputDataError(
+            expected_got("cross_validated_variance_scale.num_folds", "an integer >= 2", num_folds)
+        )
+    n = X.shape[0]
+    if n < 4:
+        return VarianceCalibration(1.0, 0)
+    k = min(num_folds, n)
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    perm = torch.randperm(n, generator=generator).to(X.device)
+    means, variances, noises, targets = [], [], [], []
+    for fold in range(k):
+        test = perm[fold::k]
+        train = perm[torch.arange(n, device=X.device) % k != fold]
+        with warnings.catch_warnings():
+            # the folds' fits are auxiliary: their degenerate-fit warnings would repeat the
+            # final fit's (which is not silenced) or describe a fit nobody uses
+            warnings.simplefilter("ignore")
+            model = fit_fold(X[train], Y[train])
+        model.eval()
+        mean, var, noise = _heldout_moments(model, X[test])
+        means.append(mean)
+        variances.append(var)
+        noises.append(noise)
+        targets.append(Y[test])
+    mean, var, noise, y = (torch.cat(t).double() for t in (means, variances, noises, targets))
+    r2 = (y - mean).square()
+
+    def nll(log_kappa: float) -> float:
+        total = (math.exp(log_kappa) * var + noise).clamp_min(1e-12)
+        return float(0.5 * (total.log() + r2 / total + math.log(2 * math.pi)).mean())
+
+    def coverage(kappa: float) -> float:
+        sd = (kappa * var + noise).sqrt()
+        return float(((y - mean).abs() <= 1.6448536269514722 * sd).double().mean())
+
+    grid = [i * math.log(MAX_VARIANCE_SCALE) / 12 for i in range(13)]
+    log_kappa, _ = minimize_scalar_on_grid(nll, grid)
+    kappa = math.exp(log_kappa)
+    if nll(0.0) <= nll(log_kappa):
+        kappa = 1.0
+    return VarianceCalibration(
+        scale=kappa,
+        num_folds=k,
+        heldout_nll=nll(0.0),
+        heldout_nll_calibrated=nll(math.log(kappa)),
+        heldout_coverage90=coverage(1.0),
+        heldout_coverage90_calibrated=coverage(kappa),
+    )
