@@ -202,7 +202,8 @@ def fit_weight_ensemble(
         >>> from gpext.integrations.botorch import fit_weight_ensemble
         >>> X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> Y = (6 * X).sin().sum(-1, keepdim=True)
-        >>> model = fit_weight_ensemble(X, Y, method="pca_ess", outcome_transform=Standardize(1))
+        >>> model = fit_weight_ensemble(X, Y, method="pca_ess", epochs=60, swa_epochs=20,
+        ...                             outcome_transform=Standardize(1))
         >>> qUpperConfidenceBound(model, beta=4.0)(torch.rand(8, 2, X.shape[-1], dtype=X.dtype)).shape
         torch.Size([8])
     """
