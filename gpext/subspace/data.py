@@ -281,3 +281,11 @@ def _next_batch(live: list[Iterator], stream: _Stream) -> tuple[torch.Tensor, to
     except StopIteration:
         live[0] = iter(stream)
         return next(live[0])
+
+
+def _evaluation_error(
+    name: str, expected: str, x: torch.Tensor, err: Exception, fix: str
+) -> InputDataError:
+    """The gpext error for inputs ``x`` the network raised ``err`` on (to raise ``from err``)."""
+    got = f"inputs of shape {tuple(x.shape)}, dtype {x.dtype}; the network raised: {err}"
+    return InputDataError(expected_got(name, expected, got, fix))

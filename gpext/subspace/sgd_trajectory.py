@@ -14,6 +14,7 @@ from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.subspace.batch_norm import has_batch_norm
 from gpext.subspace.data import (
     _check_reiterable,
+    _evaluation_error,
     _first_rows,
     _is_loader,
     _iter_batches,
@@ -334,12 +335,9 @@ def _forward(module: nn.Module, xb: torch.Tensor, name: str) -> torch.Tensor:
     try:
         return module(xb)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        raise InputDataError(
-            expected_got(
-                name, "batches the network can evaluate",
-                f"inputs of shape {tuple(xb.shape)}, dtype {xb.dtype}; the network raised: {err}",
-                "Make the loader yield inputs shaped (B, ...) in the network's dtype.",
-            )
+        raise _evaluation_error(
+            name, "batches the network can evaluate", xb, err,
+            "Make the loader yield inputs shaped (B, ...) in the network's dtype.",
         ) from err  # fmt: skip
 
 

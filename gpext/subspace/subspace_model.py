@@ -38,6 +38,7 @@ from gpext.subspace.bayesian_model_averaging import predict_weight_samples
 from gpext.subspace.data import (
     _check_reiterable,
     _chunks,
+    _evaluation_error,
     _first_rows,
     _is_loader,
     _MappedLoader,
@@ -1126,12 +1127,9 @@ class SubspaceModel(nn.Module):
             with torch.no_grad(), _eval_mode(self.module):
                 out = self.flat.functional_call(self.center, x[:rows], buffers=self.bn_buffers)
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            raise InputDataError(
-                expected_got(
-                    name, "inputs the network can evaluate",
-                    f"shape {tuple(x.shape)}, dtype {x.dtype}; the network raised: {err}",
-                    "Pass inputs shaped (N, ...) like those the network was trained on.",
-                )
+            raise _evaluation_error(
+                name, "inputs the network can evaluate", x, err,
+                "Pass inputs shaped (N, ...) like those the network was trained on.",
             ) from err  # fmt: skip
         if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
             raise ShapeError(
