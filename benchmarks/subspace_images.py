@@ -68,8 +68,9 @@ lowest NLL has lower NLL and ECE than ``plain`` and accuracy at least plain's mi
 ``peak_mem_ratio`` below 1.25.  Warnings raised during an arm are shown, counted in its row
 (``warnings``) and listed under ``warnings`` in the JSON.
 
-Full run: about 35 minutes on one thread of this 2-core machine (shared with other jobs);
-quick about 3 minutes.
+Measured: the full run took 1973 s (33 minutes) on one thread of a 2-core machine shared with
+other jobs (load average 2-4 during the run); ``--quick`` 142 s on an idle machine, 349 s under
+that load.
 
     python benchmarks/subspace_images.py --quick
     python benchmarks/subspace_images.py
