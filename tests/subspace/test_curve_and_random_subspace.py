@@ -18,9 +18,9 @@ from gpext.subspace import (
 
 def _net(seed: int, dtype=torch.float64) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(1, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-    ).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(
+        dtype
+    )
 
 
 def _data(dtype=torch.float64):

@@ -20,7 +20,9 @@ def test_exact_for_a_network_linear_in_its_weights(dtype):
     net = torch.nn.Linear(3, 1).to(dtype)
     flat = FlatParameters(net)
     proj = torch.randn(2, 4, generator=gen).to(dtype)
-    model = SubspaceModel(net, flat.flatten(), proj, OutputLikelihood("gaussian", noise_variance=0.2))
+    model = SubspaceModel(
+        net, flat.flatten(), proj, OutputLikelihood("gaussian", noise_variance=0.2)
+    )
     x = torch.randn(7, 3, generator=gen).to(dtype)
     loc = torch.tensor([0.3, -0.5], dtype=dtype)
     a = torch.randn(2, 2, generator=gen).to(dtype)
@@ -48,7 +50,9 @@ def test_matches_monte_carlo_to_first_order_for_a_nonlinear_network():
     x = torch.randn(5, 2, generator=gen, dtype=torch.float64)
     loc = torch.zeros(3, dtype=torch.float64)
     scale = 1e-2
-    mean, var = linearized_predictive(model, x, loc, torch.full((3,), scale**2, dtype=torch.float64))
+    mean, var = linearized_predictive(
+        model, x, loc, torch.full((3,), scale**2, dtype=torch.float64)
+    )
     thetas = scale * torch.randn(20000, 3, generator=gen, dtype=torch.float64)
     pred = model.predict(x, thetas)
     mc_var_f = pred["means"].var(0)
@@ -76,7 +80,9 @@ def test_gaussian_from_samples_and_errors():
     with pytest.raises(InputDataError, match="positive semi-definite"):
         linearized_predictive(model, x, torch.zeros(3).double(), -torch.eye(3).double())
     with pytest.raises(InputDataError, match="symmetric"):
-        linearized_predictive(model, x, torch.zeros(3).double(), torch.triu(torch.ones(3, 3)).double())
+        linearized_predictive(
+            model, x, torch.zeros(3).double(), torch.triu(torch.ones(3, 3)).double()
+        )
     with pytest.raises(InputDataError, match="at least one row"):
         linearized_predictive(model, x[:0], torch.zeros(3).double(), torch.ones(3).double())
     clf = SubspaceModel(
