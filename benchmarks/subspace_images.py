@@ -23,20 +23,21 @@ Arms:
 * ``plain``: the SGD final iterate of trajectory 0 (its own running statistics).
 * ``swa``: the SWA mean, batch-norm statistics recomputed on the training rows.
 * ``swag`` / ``multiswag``: SWAG of trajectory 0 / MultiSWAG of the M trajectories; the scale
-  chosen by ``select_swag_scale`` on the validation rows (each draw's statistics recomputed
-  on the first 1000 training rows, quick 500, to keep the selection affordable; 20 draws,
-  quick 12), test predictions from 22 draws (quick 18) with statistics recomputed per draw on
-  all training rows.
+  chosen by ``select_swag_scale`` on the validation rows (scales up to 16, quick 4; each
+  draw's statistics recomputed on the first 1000 training rows, quick 500, to keep the
+  selection affordable; 20 draws, quick 12), test predictions from 22 draws (quick 18) with
+  statistics recomputed per draw on all training rows.
 * ``lastlayer_swag``: SWAG over the head only (the last-layer collector), the body fixed at
   the SWA mean with its refreshed statistics (so the posterior mean is the SWA network).
 * ``pca_ess``, ``pca_vi``, ``inkpca_ess``: rank-10 (quick 5) PCA / InKPCA subspaces around the
   SWA mean, ``SubspaceModel`` (prior standard deviation 1, the library default).  ESS:
-  ``select_temperature`` over :math:`T \\in \\{1, (N/r)^{1/2}, N/r\\}` (quick
-  :math:`\\{1, N/r\\}`), 12 samples after 12 burn-in transitions per candidate (quick 8 / 8);
-  the winner's samples predict the test rows.  VI: ``fit_vi`` with one loader batch per step
-  (``minibatch=True``; 300 Adam steps, quick 60; MAP start by 20 L-BFGS iterations) at the
-  temperature that the ESS selection chose for the same subspace (``select_temperature`` with
-  ``method="vi"`` takes a full pass over the data per step, beyond this budget).
+  ``select_temperature`` over :math:`T \\in \\{1, (N/r)^{1/2}, N/r, (N/r)^{3/2}\\}` (quick
+  :math:`\\{1, N/r\\}`; ``select_temperature``'s default grid, thinned), 12 samples after 12
+  burn-in transitions per candidate (quick 8 / 8); the winner's samples predict the test
+  rows.  VI: ``fit_vi`` with one loader batch per step (``minibatch=True``; 300 Adam steps,
+  quick 60; MAP start by 20 L-BFGS iterations) at the temperature that the ESS selection chose
+  for the same subspace (``select_temperature`` with ``method="vi"`` takes a full pass over
+  the data per step, beyond this budget).
 * ``lastlayer_pca_ess``: a PCA subspace of the head's deviations (same rank, capped by the
   deviations), ``SubspaceModel(parameters="last_layer")`` on the SWA network, ESS as above.
 * ``curve_ess``: ``CurveSubspace`` (Garipov et al. 2018) between the final iterates of
@@ -68,9 +69,9 @@ lowest NLL has lower NLL and ECE than ``plain`` and accuracy at least plain's mi
 ``peak_mem_ratio`` below 1.25.  Warnings raised during an arm are shown, counted in its row
 (``warnings``) and listed under ``warnings`` in the JSON.
 
-Measured: the full run took 1973 s (33 minutes) on one thread of a 2-core machine shared with
-other jobs (load average 2-4 during the run); ``--quick`` 142 s on an idle machine, 349 s under
-that load.
+Measured: the full run took 2137 s (36 minutes) on one thread of a 2-core machine shared with
+other jobs (load average about 2 during the run); ``--quick`` 142 s on an idle machine, 349 s
+under a load average of 3-4.
 
     python benchmarks/subspace_images.py --quick
     python benchmarks/subspace_images.py
@@ -128,16 +129,16 @@ def settings(args) -> dict:
         return dict(n_train=200, n_val=100, n_test=100, n_small=100, epochs=3, swa_start=1,
                     per_epoch=3, k=6, rank=3, m=2, samples=3, burn_in=2, exponents=(0.0,),
                     vi_steps=4, map_iter=2, curve_epochs=1, swag_samples=3, bn_rows=100,
-                    channels=(2, 4))  # fmt: skip
+                    channels=(2, 4), max_scale=4.0)  # fmt: skip
     if args.quick:
         return dict(n_train=1500, n_val=500, n_test=1000, n_small=500, epochs=8, swa_start=5,
                     per_epoch=3, k=12, rank=5, m=2, samples=8, burn_in=8,
                     exponents=(0.0, 1.0), vi_steps=60, map_iter=20, curve_epochs=3,
-                    swag_samples=12, bn_rows=500, channels=(8, 16))  # fmt: skip
+                    swag_samples=12, bn_rows=500, channels=(8, 16), max_scale=4.0)  # fmt: skip
     return dict(n_train=7000, n_val=1000, n_test=2000, n_small=2000, epochs=30, swa_start=20,
                 per_epoch=4, k=20, rank=10, m=3, samples=12, burn_in=12,
-                exponents=(0.0, 0.5, 1.0), vi_steps=300, map_iter=20, curve_epochs=10,
-                swag_samples=20, bn_rows=1000, channels=(8, 16))  # fmt: skip
+                exponents=(0.0, 0.5, 1.0, 1.5), vi_steps=300, map_iter=20, curve_epochs=10,
+                swag_samples=20, bn_rows=1000, channels=(8, 16), max_scale=16.0)  # fmt: skip
 
 
 def make_net(channels: tuple[int, int]) -> nn.Module:
@@ -366,7 +367,8 @@ def run(args) -> tuple[list[dict], dict]:
             if parameters == "all":
                 sel = select_swag_scale(module, posterior, x_val, y_val, lik,
                                         num_samples=cfg["swag_samples"], generator=gen,
-                                        bn_inputs=bn_subset)  # fmt: skip
+                                        bn_inputs=bn_subset,
+                                        max_scale=cfg["max_scale"])  # fmt: skip
                 w = posterior.sample(cfg["samples"] + 10, generator=gen)
                 probs = predict_weight_samples(module, w, test_ld, lik,
                                                bn_inputs=train_ld)["probs"]  # fmt: skip
@@ -374,7 +376,8 @@ def run(args) -> tuple[list[dict], dict]:
                 stats = own_stats(module)
                 sel = select_swag_scale(module, posterior, x_val, y_val, lik,
                                         num_samples=cfg["swag_samples"], generator=gen,
-                                        parameters=parameters, buffers=stats)  # fmt: skip
+                                        parameters=parameters, buffers=stats,
+                                        max_scale=cfg["max_scale"])  # fmt: skip
                 w = posterior.sample(cfg["samples"] + 10, generator=gen)
                 probs = predict_weight_samples(module, w, test_ld, lik, buffers=stats,
                                                parameters=parameters)["probs"]  # fmt: skip
