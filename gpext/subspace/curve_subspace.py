@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
+from gpext.subspace.batch_norm import has_batch_norm
+from gpext.subspace.data import _merge_single_rows
 from gpext.subspace.flat_parameters import FlatParameters
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.utils import check_finite, check_positive_int, progress_bar
@@ -204,14 +206,19 @@ class CurveSubspace(nn.Module):
         )  # weight decay acts on phi(t), not on c: it is in the loss
         was_training = module.training
         module.train()
+        # batch norm in train mode updates running statistics in place: give it copies, so
+        # the module's own buffers are not changed
+        buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+        # and it has no variance for a batch of one row: merge such a batch into its neighbour
+        bn = has_batch_norm(module)
         self.losses = []
         try:
             for _ in progress_bar(range(self.epochs), desc="curve", show=self.show_progress):
                 total, count = 0.0, 0
-                for xb, yb in batches():
+                for xb, yb in _merge_single_rows(batches()) if bn else batches():
                     t = torch.rand((), generator=generator, dtype=w0.dtype).to(w0.device)
                     w = bezier_point(w0, control, w1, t)
-                    out = flat.functional_call(w, xb)
+                    out = flat.functional_call(w, xb, buffers=buffers)
                     loss = -likelihood.log_prob(out, yb).mean()
                     if self.weight_decay:
                         loss = loss + 0.5 * self.weight_decay * w.pow(2).sum()

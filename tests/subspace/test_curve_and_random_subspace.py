@@ -122,6 +122,23 @@ class TestCurveSubspace:
         assert curve < 0.5 * chord
         assert sub.losses[-1] < sub.losses[0]
 
+    def test_fit_leaves_batch_norm_statistics_of_the_module_alone(self):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        ).double()
+        x = torch.randn(64, 2, dtype=torch.float64)
+        y = x.sum(-1)
+        w0 = FlatParameters(net).flatten()
+        w1 = w0 + 0.1 * torch.randn_like(w0)
+        before = {n: b.clone() for n, b in net.named_buffers()}
+        net.eval()
+        lik = OutputLikelihood("gaussian", noise_variance=0.1)
+        CurveSubspace(epochs=2).fit(net, w0, w1, (x, y), lik)
+        for name, buf in net.named_buffers():
+            torch.testing.assert_close(buf, before[name], rtol=0, atol=0)
+        assert not net.training
+
     def test_usable_in_a_subspace_model_and_with_a_loader(self, two_solutions):
         net, w0, w1, x, y = two_solutions
         lik = OutputLikelihood("gaussian", noise_variance=0.05)
