@@ -154,3 +154,18 @@ def test_adapters_without_calibration_say_so():
     model = GWISurrogate(m, lik, train_X=x, train_Y=y)
     with pytest.raises(NotFittedError, match="calibrat"):
         fit_gpext_surrogate(model, calibrate=True, epochs=2)
+
+
+def test_fold_warnings_are_recorded_not_raised():
+    import warnings as w
+
+    x, y, _ = _residual_data(2.0, n=40)
+
+    def fit_fold(xf, yf):
+        w.warn("fold fit is degenerate", UserWarning, stacklevel=1)
+        return _FixedPredictor(0.0)
+
+    with w.catch_warnings():
+        w.simplefilter("error")  # nothing escapes
+        res = cross_validated_variance_scale(fit_fold, x, y, num_folds=4)
+    assert res.fold_warnings == ["UserWarning: fold fit is degenerate"] * 4

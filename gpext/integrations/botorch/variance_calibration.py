@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +36,8 @@ class VarianceCalibration:
         heldout_coverage90: Share of held-out targets inside the central 90% interval at
             :math:`\kappa = 1`.
         heldout_coverage90_calibrated: The same at the chosen :math:`\kappa`.
+        fold_warnings: Warnings the folds' fits raised (not re-issued: the final fit's own
+            warnings are), as ``"Category: message"``.
     """
 
     scale: float
@@ -44,6 +46,7 @@ class VarianceCalibration:
     heldout_nll_calibrated: float = math.nan
     heldout_coverage90: float = math.nan
     heldout_coverage90_calibrated: float = math.nan
+    fold_warnings: list[str] = field(default_factory=list)
 
 
 def _heldout_moments(
@@ -132,15 +135,17 @@ def cross_validated_variance_scale(
     k = min(num_folds, n)
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     perm = torch.randperm(n, generator=generator).to(X.device)
-    means, variances, noises, targets = [], [], [], []
+    means, variances, noises, targets, caught = [], [], [], [], []
     for fold in range(k):
         test = perm[fold::k]
         train = perm[torch.arange(n, device=X.device) % k != fold]
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as fold_caught:
             # the folds' fits are auxiliary: their degenerate-fit warnings would repeat the
-            # final fit's (which is not silenced) or describe a fit nobody uses
-            warnings.simplefilter("ignore")
+            # final fit's (which is not silenced) or describe a fit nobody uses; they are
+            # recorded in the result instead
+            warnings.simplefilter("always")
             model = fit_fold(X[train], Y[train])
+        caught += [f"{w.category.__name__}: {w.message}" for w in fold_caught]
         model.eval()
         mean, var, noise = _heldout_moments(model, X[test])
         means.append(mean)
@@ -170,4 +175,5 @@ def cross_validated_variance_scale(
         heldout_nll_calibrated=nll(math.log(kappa)),
         heldout_coverage90=coverage(1.0),
         heldout_coverage90_calibrated=coverage(kappa),
+        fold_warnings=caught,
     )
