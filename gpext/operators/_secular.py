@@ -188,8 +188,8 @@ class _Sums:
     For rows ``r`` (roots) at ``lam_r = d_{o(r)} + tau_r``, :meth:`__call__` returns, per row,
     ``s1 = sum_i z_i^2 / (d_i - lam_r)`` and ``s2 = sum_i z_i^2 / (d_i - lam_r)^2`` (four passes
     over a ``rows x k`` buffer: difference, quotient, matrix-vector product, norm), and
-    :meth:`abs_sum` then ``sum_i |z_i^2 / (d_i - lam_r)|`` (``z >= 0``; two more passes, only
-    needed by the stopping test). ``d0`` holds ``d_i - d_{o(r)}`` for all rows; only the rows
+    :meth:`abs_sum` then ``sum_i |z_i^2 / (d_i - lam_r)|`` (``z >= 0``; two more passes over
+    the rows that may pass the stopping test, the only ones that need it). ``d0`` holds ``d_i - d_{o(r)}`` for all rows; only the rows
     still iterating are gathered.
     """
 
@@ -213,10 +213,19 @@ class _Sums:
         host = res[:2].cpu().double().numpy()
         return host[0].copy(), host[1] ** 2
 
-    def abs_sum(self) -> np.ndarray:
+    def abs_sum(self, cand: np.ndarray) -> np.ndarray:
+        """``sum_i |z_i^2 / (d_i - lam_r)|`` for the rows where ``cand`` is True (others 0)."""
         buf = self.buf[: self.rows]
-        out = torch.mv(buf.abs_(), self.z, out=self.res[2, : self.rows])
-        return out.cpu().double().numpy().copy()
+        idx = np.flatnonzero(cand)
+        out = np.zeros(self.rows)
+        if 2 * idx.size >= self.rows:  # most rows: one pass over all of them
+            out[:] = (
+                torch.mv(buf.abs_(), self.z, out=self.res[2, : self.rows]).cpu().double().numpy()
+            )
+            return out
+        rows = buf.index_select(0, torch.from_numpy(idx).to(buf.device)).abs_()
+        out[idx] = torch.mv(rows, self.z).cpu().double().numpy()
+        return out
 
 
 def _initial_guess(d, z, d_h, z2, buf, res):
@@ -308,8 +317,9 @@ def _solve_secular(
             # pass.
             base = 2.0 + 3.0 * af + np.abs(t) * fp
             done = (hi_t - lo_t) <= 2.0 * eps * np.maximum(np.abs(lo_t), np.abs(hi_t))
-            if (af <= eps * (8.0 * znorm * np.sqrt(fp) + base)).any():
-                done |= af <= eps * (8.0 * sums.abs_sum() + base)
+            cand = af <= eps * (8.0 * znorm * np.sqrt(fp) + base)
+            if cand.any():
+                done |= cand & (af <= eps * (8.0 * sums.abs_sum(cand) + base))
             if done.any():
                 converged[todo[done]] = True
                 keep = ~done
@@ -365,6 +375,7 @@ def _eigenvectors(
     tau: np.ndarray,
     d0: torch.Tensor,
     scale: float,
+    fresh: bool = False,
 ) -> torch.Tensor:
     """Gu-Eisenstat eigenvectors of ``diag(d) + z z^T``; row ``r`` is the eigenvector of root r.
 
@@ -373,7 +384,7 @@ def _eigenvectors(
     consecutive ``j`` stays far inside the floating-point range (the diagonal factor is taken
     relative to the problem's scale); the block products are then summed in log space, so no
     product over ``k`` factors can overflow or underflow. Returns the unit eigenvectors (a
-    view of a workspace).
+    view of a workspace, or with ``fresh`` a new tensor).
     """
     k = d0.shape[0]
     dtype, device = d0.dtype, d0.device
@@ -392,7 +403,8 @@ def _eigenvectors(
         log_z2 += ratio[full:].prod(0).abs_().log_()
     log_z2 += math.log(scale)
     zhat = torch.exp(0.5 * log_z2).to(dtype).mul_(z_sign)
-    q = torch.div(zhat, diff, out=diff)  # q[r, i] = zhat_i / (d_i - lam_r)
+    # q[r, i] = zhat_i / (d_i - lam_r), in the workspace or (``fresh``) in a tensor of its own
+    q = torch.div(zhat, diff) if fresh else torch.div(zhat, diff, out=diff)
     q.mul_(torch.linalg.vector_norm(q, dim=-1, keepdim=True).reciprocal_())
     return q
 
@@ -516,25 +528,24 @@ def rank_one_eigvals_factor(
     :class:`Factor` ``F`` (so the new basis is ``U F``); nothing of size ``m x n`` is touched:
     ``O(n^2)`` work.
     """
-    lam, plan = _plan(d, z, sigma)
+    lam, plan = _plan(d, z, sigma, fresh=True)
     perm_h, rotations, act_idx, order, q = plan
     n = d.shape[0]
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     active = np.zeros(n, dtype=bool)
     active[act_idx] = True
-    q = None if q is None else q.clone()
     factor = Factor(n, perm_h, rotations, act_idx, np.flatnonzero(~active), rank, q)
     return lam, factor
 
 
-def _plan(d, z, sigma):
+def _plan(d, z, sigma, fresh=False):
     """Deflation, secular solve and eigenvector factor (shared by both entry points).
 
     Returns ``lam`` (ascending) and ``(perm_h, rotations, act_idx, order, q)``: the sorted
     order of the input columns, the deflating rotations (sorted coordinates), the active sorted
     indices, the output order of the sorted indices and the ``k x k`` factor (a workspace view,
-    or None).
+    a tensor of its own with ``fresh``, or None).
     """
     dtype, device = d.dtype, d.device
     eps = float(torch.finfo(dtype).eps)
@@ -573,7 +584,7 @@ def _plan(d, z, sigma):
         z_sign = torch.from_numpy(np.where(z_h[act_idx] < 0, -1.0, 1.0)).to(dtype=dtype)
         scale = max(float(np.abs(da_h).max()), float(np.abs(tau).max()))
         # Row r of q: the eigenvector of root r (the r-th active sorted index).
-        q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale)
+        q = _eigenvectors(d_a, z_sign.to(device), tau, d0, scale, fresh)
     with np.errstate(over="ignore"):
         lam_h = np.ldexp(lam_s, 2 * e2) * sgn
     if not (np.isfinite(lam_h).all() and np.abs(lam_h).max() <= torch.finfo(dtype).max):

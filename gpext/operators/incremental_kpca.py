@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gpytorch import settings as gpytorch_settings
 from gpytorch.kernels import Kernel, LinearKernel
 
 from gpext.errors import (
@@ -56,6 +57,13 @@ _AUTO_REFRESH = 100
 _METHODS = ("auto", "rank_one", "eigh")
 
 _MAX_PENDING = 8  # pending factor entries at most this many times m^2 (memory)
+# State written on every update: assigned without ``nn.Module.__setattr__``'s bookkeeping
+# (about 10 us per assignment, which at m ~ 50 is comparable to the update itself).
+_STATE_BUFFERS = frozenset({"_store", "_evals", "_evecs", "_diag", "_row_sums", "_total"})
+_PLAIN_STATE = frozenset({
+    "_m", "_pending", "_pending_numel", "_pending_spent", "_gram", "_null", "_null_sign",
+    "_since_refresh",
+})  # fmt: skip
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
@@ -290,6 +298,24 @@ class IncrementalKPCA(torch.nn.Module):
         # (None: no points yet, or loaded from a state dict that predates the record).
         self._kernel_values: dict[str, torch.Tensor] | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Fast path for the update's own state (plain attributes and already registered
+        # buffers); everything else goes through nn.Module.
+        if name in _PLAIN_STATE:
+            object.__setattr__(self, name, value)
+            return
+        buffers = self.__dict__.get("_buffers")
+        if (
+            name in _STATE_BUFFERS
+            and buffers is not None
+            and name in buffers
+            and isinstance(value, torch.Tensor)
+            and not isinstance(value, torch.nn.Parameter)
+        ):
+            buffers[name] = value
+            return
+        super().__setattr__(name, value)
+
     # ------------------------------------------------------------------ properties
     @property
     def num_points(self) -> int:
@@ -439,16 +465,16 @@ class IncrementalKPCA(torch.nn.Module):
         """
         x = self._check_x(x, "update")
         self._check_kernel_unchanged("update")
-        rows = progress_bar(range(x.shape[0]), desc="IncrementalKPCA", show=show_progress)
+        n = x.shape[0]
+        # One point: no bar (creating one costs more than a small update).
+        rows = progress_bar(range(n), desc="IncrementalKPCA", show=show_progress) if n > 1 else (0,)
         with torch.no_grad():
-            if self._prefer_eigh(x.shape[0]):
-                added = 0
+            if self._prefer_eigh(n):
+                m0 = self._m
                 try:
-                    for i in rows:
-                        self._add_point(x[i : i + 1], eigen=False)
-                        added += 1
+                    self._store_points(x)  # all n points at once, then one batch eigh
                 finally:
-                    if added:
+                    if self._m > m0:
                         self._decompose()
             else:
                 period = self.refresh_period
@@ -609,7 +635,10 @@ class IncrementalKPCA(torch.nn.Module):
             # gpytorch's LinearKernel makes (O(m D) per new point for the stored block).
             var = kernel.variance.reshape(()).to(self.dtype)
             return (x1 @ x2.mT).mul_(var).to(self.dtype)
-        out = kernel(x1, x2)
+        # Evaluated at once (the lazy kernel tensor's bookkeeping costs about as much as a
+        # small kernel row; __call__ still applies active_dims and GPyTorch's checks).
+        with gpytorch_settings.lazily_evaluate_kernels(False):
+            out = kernel(x1, x2)
         out = out.to_dense() if hasattr(out, "to_dense") else out
         if out.shape != (x1.shape[0], x2.shape[0]):
             raise ShapeError(
@@ -993,6 +1022,16 @@ class IncrementalKPCA(torch.nn.Module):
             return
         if not degenerate:
             sigma = 4.0 / kk
+            if self.max_components is None:
+                # v2 = v1 - (k/4) e_{m+1} and the bordered basis maps e_{m+1} to e_p, so one
+                # projection serves both updates (z2 carried through the first factor).
+                z1 = self._project(torch.cat([a, k.new_tensor([kk / 2])]))
+                self._pending_spent += _PROJECT * self._pending_numel
+                z2 = z1.clone()
+                z2[p] = kk / 4
+                f1 = self._rank_one_z(z1, sigma)
+                self._rank_one_z(f1.apply_transpose(z2), -sigma)
+                return
             self._rank_one(torch.cat([a, k.new_tensor([kk / 2])]), sigma)
             self._rank_one(torch.cat([a, k.new_tensor([kk / 4])]), -sigma)
             return
@@ -1006,11 +1045,93 @@ class IncrementalKPCA(torch.nn.Module):
         self._rank_one(e + ap, 0.5)
         self._rank_one(e - ap, -0.5)
 
+    def _store_points(self, x: torch.Tensor) -> None:
+        """Store ``n`` points and border the cached kernel matrix (the dispatch's batch path:
+        a batch ``eigh`` follows, which also recomputes the running statistics).
+
+        One kernel call gives every new column; the degenerate-point checks of the rank-one
+        path (zero self-similarity, duplicate, zero centred self-similarity) are made for all
+        points at once, each against the points stored before it, and reported in order. With
+        ``on_degenerate="raise"`` the points before the first degenerate one are stored, then
+        the error is raised.
+        """
+        m, n = self._m, x.shape[0]
+        end = m + n
+        if end > self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
+            self._grow(max(2 * m, end, 4), x.shape[-1])
+        self._store[m:end] = x  # not counted until the checks have passed
+        cols = self._kernel(self._store[:end], x)  # shape: (m + n, n), column i = k(X, x_i)
+        if not bool(torch.isfinite(cols).all()):
+            check_finite(cols, "IncrementalKPCA.kernel(X, x)")
+        reports = self._degenerate_in_batch(cols, m)
+        if reports and self.on_degenerate == "raise":
+            first = reports[0][0]
+            if first > m:
+                self._store_points(x[: first - m])
+            self._report(*reports[0][1:], first)
+        for index, kind, value in reports:
+            self._report(kind, value, index)
+        self._grow_gram(end)
+        if self._gram is not None:
+            self._gram[:end, m:end] = cols
+            self._gram[m:end, :end] = cols.mT
+        self._m = end
+
+    def _degenerate_in_batch(self, cols: torch.Tensor, m: int) -> list[tuple[int, str, float]]:
+        """The degenerate-point checks of :meth:`_add_point` for a batch: ``(index, kind,
+        value)`` in order, point ``i`` checked against the ``m + i`` points stored before it."""
+        n = cols.shape[1]
+        kd = cols[m:].diagonal()  # k(x_i, x_i)
+        diag = torch.cat([self._diag[:m], kd])  # every stored point's k(x, x), then the new
+        scale = torch.cummax(diag.abs(), 0).values[m:]
+        tol = self.degenerate_rtol * scale
+        zero = kd <= tol
+        # cosine similarity with every earlier point (later ones masked)
+        root = diag.clamp(min=0).sqrt()[:, None] * kd.clamp(min=0).sqrt()[None, :]
+        cos = cols / root.clamp(min=torch.finfo(self.dtype).tiny)
+        later = (
+            torch.arange(m + n, device=cols.device)[:, None]
+            >= (m + torch.arange(n, device=cols.device))[None, :]
+        )
+        cos = cos.masked_fill(later, -math.inf)
+        best, arg = cos.max(0)  # -inf for the very first point
+        dup = ~zero & (best >= 1 - self.degenerate_rtol)
+        cen = torch.zeros_like(zero)
+        k_c = kd
+        if self.centered:
+            # running sums before each point: a_sum_i = sum_{j < m+i} k(x_j, x_i), and the
+            # total of the kernel matrix of the first m + i points
+            a_sum = cols.masked_fill(later, 0.0).sum(0)
+            total = self._total if m else kd.new_zeros(())
+            add = 2 * a_sum + kd
+            totals = total + torch.cat([add.new_zeros(1), add.cumsum(0)[:-1]])
+            mp = (m + torch.arange(n, device=cols.device)).to(self.dtype)
+            k_c = kd - 2 * (a_sum + kd) / (mp + 1) + (totals + 2 * a_sum + kd) / (mp + 1) ** 2
+            cen = ~zero & (mp > 0) & (k_c <= tol)
+        flags = zero | dup | cen
+        if not bool(flags.any()):
+            return []
+        out = []
+        for i in torch.nonzero(flags).flatten().tolist():
+            if bool(zero[i]):
+                out.append((m + i, "zero_self_similarity", float(kd[i])))
+                continue
+            if bool(dup[i]):
+                out.append((m + i, "duplicate", float(arg[i])))
+            if bool(cen[i]):
+                out.append((m + i, "centered_self_similarity_zero", float(k_c[i])))
+        return out
+
     def _add_point(self, x: torch.Tensor, eigen: bool = True) -> None:
         """Add one point; with ``eigen=False`` only the statistics (a batch eigh follows)."""
         m = self.num_points
-        k = self._kernel(x, x).reshape(())
-        a = self._kernel(self.points, x).reshape(m) if m else k.new_zeros(0)
+        # The point goes into the storage row after the data first (not yet counted: the
+        # state is unchanged until the end), so one kernel call gives k(X, x) and k(x, x).
+        if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
+            self._grow(max(2 * m, 4), x.shape[-1])
+        self._store[m] = x[0]
+        col = self._kernel(self._store[: m + 1], x).reshape(m + 1)
+        a, k = col[:m], col[m]
         check_finite(k, "IncrementalKPCA.kernel(x, x)")
         check_finite(a, "IncrementalKPCA.kernel(X, x)")
         scale = max(float(self._diag.abs().max()) if m else 0.0, abs(float(k)))
@@ -1044,9 +1165,6 @@ class IncrementalKPCA(torch.nn.Module):
                     self._null, self._null_sign = 0, 1.0  # the basis is [1]
         elif eigen:
             self._append(a, k, degenerate)
-        if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
-            self._grow(max(2 * m, 4), x.shape[-1])
-        self._store[m] = x[0]
         self._grow_gram(m + 1)
         if self._gram is not None:
             self._gram[m, :m] = a

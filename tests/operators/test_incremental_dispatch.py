@@ -314,6 +314,43 @@ class TestCenteredTwoUpdates:
             b.update(x[i])
         torch.testing.assert_close(b.eigenvalues, a.eigenvalues, rtol=0, atol=0)
 
+    @pytest.mark.parametrize("centered", [False, True])
+    def test_batch_path_reports_what_the_rank_one_path_reports(self, centered):
+        # zero self-similarity (the zero vector, linear kernel), duplicates of a stored point
+        # and of a point earlier in the same batch, and a point at the mean of the stored
+        # points (centred self-similarity 0): the batch path checks every point against the
+        # points before it, as adding them one by one does.
+        gen = torch.Generator().manual_seed(21)
+        x = torch.randn(12, 3, generator=gen, dtype=D64)
+        new = torch.stack([x.mean(0), x[2], torch.zeros(3, dtype=D64), x[5] * 0.5, x[5] * 0.5])
+        kernel = gpytorch.kernels.LinearKernel().double()
+        reports = []
+        for method in ("rank_one", "eigh"):
+            kpca = IncrementalKPCA(kernel, centered=centered, method=method, on_degenerate="record")
+            kpca.fit(x).update(new)
+            reports.append(kpca.degenerate_points)
+            xs = torch.cat([x, new])
+            ref = torch.linalg.eigvalsh(_kmat(kernel, xs, centered)).flip(0)
+            torch.testing.assert_close(kpca.eigenvalues, ref, rtol=0, atol=1e-10)
+        kinds = [(p["index"], p["kind"]) for p in reports[1]]
+        assert (13, "duplicate") in kinds and (14, "zero_self_similarity") in kinds
+        assert (15, "duplicate") in kinds and (16, "duplicate") in kinds
+        assert ((12, "centered_self_similarity_zero") in kinds) == centered
+        for a, b in zip(reports[0], reports[1], strict=True):
+            assert (a["index"], a["kind"]) == (b["index"], b["kind"])
+            assert a["value"] == pytest.approx(b["value"], rel=1e-9, abs=1e-12)
+
+    def test_batch_path_raise_keeps_the_points_before(self):
+        gen = torch.Generator().manual_seed(22)
+        x = torch.randn(8, 2, generator=gen, dtype=D64)
+        new = torch.cat([torch.randn(3, 2, generator=gen, dtype=D64), x[1:2], x[:2]])
+        kpca = IncrementalKPCA(_rbf(D64), method="eigh", on_degenerate="raise").fit(x)
+        with pytest.raises(InputDataError, match="point 11 duplicates stored point 1"):
+            kpca.update(new)
+        assert kpca.num_points == 11 and kpca.degenerate_points == []
+        ref = torch.linalg.eigvalsh(_kmat(kpca.kernel, torch.cat([x, new[:3]]), False)).flip(0)
+        torch.testing.assert_close(kpca.eigenvalues, ref, rtol=0, atol=1e-12)
+
     def test_centered_degenerate_point(self):
         # a point at the mean of the stored points (linear kernel): centred self-similarity 0
         gen = torch.Generator().manual_seed(16)
