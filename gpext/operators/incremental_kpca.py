@@ -1079,36 +1079,36 @@ class IncrementalKPCA(torch.nn.Module):
 
     def _degenerate_in_batch(self, cols: torch.Tensor, m: int) -> list[tuple[int, str, float]]:
         """The degenerate-point checks of :meth:`_add_point` for a batch: ``(index, kind,
-        value)`` in order, point ``i`` checked against the ``m + i`` points stored before it."""
+        value)`` in order, point ``i`` checked against the ``m + i`` points stored before it.
+
+        One host synchronisation when nothing is degenerate (the usual case); the reports
+        are assembled only when some point is.
+        """
         n = cols.shape[1]
         kd = cols[m:].diagonal()  # k(x_i, x_i)
-        diag = torch.cat([self._diag[:m], kd])  # every stored point's k(x, x), then the new
-        scale = torch.cummax(diag.abs(), 0).values[m:]
-        tol = self.degenerate_rtol * scale
+        diag = torch.cat([self._diag, kd])  # every stored point's k(x, x), then the new ones
+        tol = self.degenerate_rtol * torch.cummax(diag.abs(), 0).values[m:]
         zero = kd <= tol
-        # cosine similarity with every earlier point (later ones masked)
-        root = diag.clamp(min=0).sqrt()[:, None] * kd.clamp(min=0).sqrt()[None, :]
-        cos = cols / root.clamp(min=torch.finfo(self.dtype).tiny)
-        later = (
-            torch.arange(m + n, device=cols.device)[:, None]
-            >= (m + torch.arange(n, device=cols.device))[None, :]
-        )
-        cos = cos.masked_fill(later, -math.inf)
-        best, arg = cos.max(0)  # -inf for the very first point
-        dup = ~zero & (best >= 1 - self.degenerate_rtol)
-        cen = torch.zeros_like(zero)
+        # Duplicate: cosine similarity >= 1 - rtol with an earlier point, i.e.
+        # k(x_j, x_i) >= 0 and k(x_j, x_i)^2 >= (1 - rtol)^2 k(x_j, x_j) k(x_i, x_i); later
+        # points (rows m + i onwards of column i) are excluded.
+        cos2 = cols * cols.abs() / (diag[:, None] * kd).clamp(min=torch.finfo(self.dtype).tiny)
+        later = torch.ones(n, n, dtype=torch.bool, device=cols.device).tril_()
+        cos2[m:].masked_fill_(later, -math.inf)
+        best, arg = cos2.max(0)  # -inf for the very first point
+        dup = ~zero & (best >= (1 - self.degenerate_rtol) ** 2)
+        flags = zero | dup
         k_c = kd
         if self.centered:
             # running sums before each point: a_sum_i = sum_{j < m+i} k(x_j, x_i), and the
             # total of the kernel matrix of the first m + i points
-            a_sum = cols.masked_fill(later, 0.0).sum(0)
-            total = self._total if m else kd.new_zeros(())
+            a_sum = cols[:m].sum(0) + cols[m:].triu(1).sum(0)
             add = 2 * a_sum + kd
-            totals = total + torch.cat([add.new_zeros(1), add.cumsum(0)[:-1]])
-            mp = (m + torch.arange(n, device=cols.device)).to(self.dtype)
-            k_c = kd - 2 * (a_sum + kd) / (mp + 1) + (totals + 2 * a_sum + kd) / (mp + 1) ** 2
-            cen = ~zero & (mp > 0) & (k_c <= tol)
-        flags = zero | dup | cen
+            totals = (self._total if m else 0.0) + (add.cumsum(0) - add)
+            mp1 = torch.arange(m + 1, m + n + 1, device=cols.device, dtype=self.dtype)
+            k_c = kd - 2 * (a_sum + kd) / mp1 + (totals + add) / mp1**2
+            cen = ~zero & (mp1 > 1) & (k_c <= tol)
+            flags = flags | cen
         if not bool(flags.any()):
             return []
         out = []
@@ -1118,7 +1118,7 @@ class IncrementalKPCA(torch.nn.Module):
                 continue
             if bool(dup[i]):
                 out.append((m + i, "duplicate", float(arg[i])))
-            if bool(cen[i]):
+            if self.centered and bool(cen[i]):
                 out.append((m + i, "centered_self_similarity_zero", float(k_c[i])))
         return out
 
