@@ -22,7 +22,8 @@
   ``torch.utils.data.DataLoader``), streamed batch by batch (:mod:`gpext.subspace.data`).
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
-  predictive of a Gaussian over the coordinates, :func:`linearized_predictive`.
+  predictive of a Gaussian over the coordinates or over (a selection of) the weights,
+  :func:`linearized_predictive`.
 """
 
 from gpext.fit.temperature import HyperparameterSelection

@@ -10,7 +10,7 @@ from torch import nn
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.subspace.batch_norm import has_batch_norm
 from gpext.subspace.data import _merge_single_rows
-from gpext.subspace.flat_parameters import FlatParameters
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.utils import check_finite, check_positive_int, progress_bar
 
@@ -63,6 +63,15 @@ class CurveSubspace(nn.Module):
     ``center`` and ``projection`` wherever a PCA or InKPCA subspace goes, e.g.
     ``SubspaceModel(net, sub.center, sub.projection, likelihood)``.
 
+    Parameter selection: :meth:`fit` takes ``parameters`` (:class:`~gpext.subspace.FlatParameters`:
+    ``"all"``, ``"requires_grad"``, ``"last_layer"``, names or a predicate); :math:`w_0, w_1, c`
+    and the subspace then hold the :math:`D` selected weights only (memory :math:`O(D)`,
+    gradients only for them), and the other parameters keep the module's values at every
+    point of the curve, e.g. a curve between two last layers on one shared body.  The
+    selection's names are kept in :attr:`parameter_names`:
+    ``SubspaceModel(net, sub.center, sub.projection, likelihood,
+    parameters=sub.parameter_names)``.
+
     Args:
         epochs: Training epochs of the control point.
         lr: SGD learning rate.
@@ -108,6 +117,8 @@ class CurveSubspace(nn.Module):
         for name in ("_w0", "_w1", "_control"):
             self.register_buffer(name, torch.empty(0))
         self.losses: list[float] = []
+        #: Names of the parameters the curve lives on (set by :meth:`fit`; ``None`` before).
+        self.parameter_names: list[str] | None = None
 
     # ------------------------------------------------------------------ fitted quantities
     def _fitted(self) -> None:
@@ -166,28 +177,39 @@ class CurveSubspace(nn.Module):
         likelihood: OutputLikelihood,
         *,
         generator: torch.Generator | None = None,
+        parameters: ParameterSelection = "all",
     ) -> CurveSubspace:
         """Train the control point between ``w0`` and ``w1`` (the module is not changed).
 
+        The module's parameters, buffers, gradients (``.grad``) and train/eval mode are left as
+        they are: the control point's gradient is taken with :func:`torch.autograd.grad`, which
+        runs the backward pass only as far as the selected weights.
+
         Args:
             module: The network (evaluated functionally at curve points).
-            w0: First solution's flat weights (``FlatParameters(module).flatten()``).
-                # shape: (D,)
+            w0: First solution's flat weights of the selected parameters
+                (``FlatParameters(module, parameters).flatten()``). # shape: (D,)
             w1: Second solution's flat weights. # shape: (D,)
             data: ``(x, y)`` tensors (shuffled into mini-batches of ``batch_size``) or any
                 iterable of ``(x, y)`` batches, e.g. a ``torch.utils.data.DataLoader``
                 (iterated once per epoch).
             likelihood: How the outputs score the targets.
             generator: Random generator (mini-batches and curve positions).
+            parameters: Which parameters the curve moves
+                (:data:`~gpext.subspace.ParameterSelection`); the others keep the module's
+                values, and the weight decay acts on the selected weights only.
 
         Returns:
-            ``self``; ``losses`` holds the mean loss of every epoch.
+            ``self``; ``losses`` holds the mean loss of every epoch, ``parameter_names`` the
+            selected parameters.
 
         Raises:
-            ShapeError: If ``w0`` or ``w1`` does not have the module's number of weights.
-            InputDataError: If the end points coincide or are not finite, or no batch is given.
+            ShapeError: If ``w0`` or ``w1`` does not have the selection's number of weights.
+            InputDataError: If the end points coincide or are not finite, or no batch is given;
+                for an unknown selection or parameter name.
+            InputTypeError: For a ``parameters`` of another type.
         """
-        flat = FlatParameters(module)
+        flat = FlatParameters(module, parameters)
         w0 = flat.check_vector(w0, "CurveSubspace.fit(w0)").detach()
         w1 = flat.check_vector(w1, "CurveSubspace.fit(w1)").detach().to(w0)
         check_finite(w0, "CurveSubspace.fit(w0)")
@@ -222,8 +244,9 @@ class CurveSubspace(nn.Module):
                     loss = -likelihood.log_prob(out, yb).mean()
                     if self.weight_decay:
                         loss = loss + 0.5 * self.weight_decay * w.pow(2).sum()
-                    opt.zero_grad()
-                    loss.backward()
+                    # the gradient of the control point only: nothing accumulates in the
+                    # module's own .grad, and the backward pass stops at the selection
+                    (control.grad,) = torch.autograd.grad(loss, [control])
                     opt.step()
                     total, count = total + float(loss.detach()), count + 1
                 if count == 0:
@@ -234,6 +257,7 @@ class CurveSubspace(nn.Module):
         finally:
             module.train(was_training)
         self._w0, self._w1, self._control = w0, w1, control.detach()
+        self.parameter_names = list(flat.names)
         return self
 
     def _batches(self, data, like: torch.Tensor, generator):

@@ -16,8 +16,10 @@ Full-data sums are streamed: the log-likelihood of a loader is the sum over its 
     \log p(y_n \mid f_w(x_n)),
 
 so memory is that of one batch.  The helpers here are shared by
-:func:`~gpext.subspace.train_sgd_trajectory`, :func:`~gpext.subspace.refresh_batch_norm`,
-:func:`~gpext.subspace.predict_weight_samples` and :class:`~gpext.subspace.SubspaceModel`.
+:func:`~gpext.subspace.train_sgd_trajectory`, :func:`~gpext.subspace.collect_from_pretrained`,
+:func:`~gpext.subspace.refresh_batch_norm`, :func:`~gpext.subspace.predict_weight_samples`,
+:class:`~gpext.subspace.SubspaceModel` and the held-out selections of
+:mod:`gpext.subspace.tuning`.
 """
 
 from __future__ import annotations

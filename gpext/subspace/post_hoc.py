@@ -5,17 +5,22 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
-from gpext.subspace.data import _reject_loader
-from gpext.subspace.flat_parameters import ParameterSelection
+from gpext.subspace.data import _is_loader, _reject_loader
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
-from gpext.subspace.sgd_trajectory import train_sgd_trajectory
+from gpext.subspace.sgd_trajectory import (
+    _check_loader_args,
+    _fit_noise_streamed,
+    _training_batches,
+    train_sgd_trajectory,
+)
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int
 
@@ -28,27 +33,43 @@ POST_HOC_LEARNING_RATES = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
 @torch.no_grad()
 def mean_negative_log_likelihood(
     module: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
     likelihood: OutputLikelihood,
     *,
     batch_size: int = 4096,
 ) -> float:
     r""":math:`-\frac1N\sum_n \log p(y_n \mid f_w(x_n))` of a network in eval mode.
 
+    ``x`` may be a loader of ``(x_b, y_b, ...)`` batches (e.g. a
+    :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) with ``y=None``: the sum
+    is streamed over its batches (moved to the module's device), :math:`N` counted on the
+    way, in memory of one batch.
+
     Args:
         module: The network.
-        x: Inputs. # shape: (N, ...)
-        y: Targets. # shape: (N,)
+        x: Inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Targets (``None`` with a loader). # shape: (N,)
         likelihood: Output likelihood.
-        batch_size: Rows per forward pass.
+        batch_size: Rows per forward pass (tensor inputs).
 
     Returns:
         The mean negative log-likelihood.
+
+    Raises:
+        InputDataError: With a loader: ``y`` given, an empty loader or non-finite values.
+        InputTypeError: With a loader: batches that are not ``(x, y)`` pairs of tensors.
     """
     was_training = module.training
     module.eval()
     try:
+        if _is_loader(x):
+            _check_loader_args(x, y, None, what="mean_negative_log_likelihood")
+            total, rows = 0.0, 0
+            for xb, yb in _training_batches(x, module, "mean_negative_log_likelihood(x)"):
+                total += float(-likelihood.log_prob(module(xb), yb).sum())
+                rows += xb.shape[0]
+            return total / rows
         total = sum(
             float(-likelihood.log_prob(module(x[i : i + batch_size]), y[i : i + batch_size]).sum())
             for i in range(0, x.shape[0], batch_size)
@@ -60,8 +81,8 @@ def mean_negative_log_likelihood(
 
 def collect_from_pretrained(
     module: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
     likelihood: OutputLikelihood,
     *,
     epochs: int = 20,
@@ -105,10 +126,19 @@ def collect_from_pretrained(
     any other weight posterior from the returned collector, and tune it on held-out rows
     (:mod:`gpext.subspace.tuning`).
 
+    Data loaders: ``x`` may be any loader of ``(x_b, y_b, ...)`` batches (e.g. a
+    :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) with ``y=None``, as in
+    :func:`~gpext.subspace.train_sgd_trajectory`, which runs every epoch (one step per batch,
+    the loader's batch size and order; ``batch_size`` must be ``None`` and ``generator`` orders
+    no batches).  The mean training NLL of the rate rule and the starting noise of a learned
+    homoscedastic likelihood are streamed sums over the batches; the loader is read several
+    times (once per trial epoch and NLL, once per collecting epoch), so it must be re-iterable.
+    Tensors keep the behaviour above unchanged.
+
     Args:
         module: The pretrained network (trained in place).
-        x: Training inputs. # shape: (N, ...)
-        y: Training targets. # shape: (N,)
+        x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Training targets (``None`` with a loader). # shape: (N,)
         likelihood: Output likelihood of the network.
         epochs: Collecting epochs (at least 2; 20 gives the 20 deviations of a rank-20
             subspace).
@@ -117,10 +147,10 @@ def collect_from_pretrained(
         tolerance: Allowed increase of the mean training NLL after one epoch (nats per point).
         momentum: SGD momentum.
         weight_decay: :math:`\lambda` (0: the pretrained objective may have had none).
-        batch_size: Mini-batch size (default ``ceil(N / 10)``).
+        batch_size: Mini-batch size (default ``ceil(N / 10)``; ``None`` with a loader).
         max_deviations: Deviation buffer size ``K``.
         max_grad_norm: Gradient clipping norm (``None``: none).
-        generator: Random generator of the mini-batch order.
+        generator: Random generator of the mini-batch order (tensor inputs).
         parameters: Which parameters are collected (see
             :func:`~gpext.subspace.train_sgd_trajectory`: all trainable parameters are trained,
             only the selected ones collected; e.g. ``"last_layer"``).
@@ -132,7 +162,10 @@ def collect_from_pretrained(
         :math:`\eta`).
 
     Raises:
-        InputDataError: For ``epochs < 2``, a non-positive rate or tolerance.
+        InputDataError: For ``epochs < 2``, a non-positive rate or tolerance; with a loader:
+            ``y`` or ``batch_size`` given, an empty loader or non-finite values.
+        InputTypeError: For a one-shot iterator (a generator) in place of a loader, a loader
+            as ``y``, or batches that are not ``(x, y)`` tuples of tensors.
         ShapeError: If ``x`` and ``y`` differ in rows.
         NumericalError: If the pretrained network's training NLL is not finite.
 
@@ -144,10 +177,13 @@ def collect_from_pretrained(
         >>> swag = SWAG.from_trajectory(traj)  # doctest: +SKIP
     """
     epochs = check_positive_int(epochs, "collect_from_pretrained.epochs", minimum=2)
-    for name, data in (("x", x), ("y", y)):
-        _reject_loader(data, f"collect_from_pretrained({name})",
-                       "Pass tensors, or use train_sgd_trajectory, which takes a loader.")  # fmt: skip
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+    loader = _is_loader(x)
+    if loader:
+        _check_loader_args(x, y, batch_size, what="collect_from_pretrained")
+    else:
+        _reject_loader(y, "collect_from_pretrained(y)", "Pass the targets as a tensor, or a "
+                       "loader of (x, y) batches as x and y=None.")  # fmt: skip
+    if not loader and (x.shape[0] != y.shape[0] or x.shape[0] == 0):
         raise ShapeError(
             expected_got("collect_from_pretrained(x, y)", "equal, non-zero numbers of rows",
                          (tuple(x.shape), tuple(y.shape)))
@@ -165,8 +201,13 @@ def collect_from_pretrained(
     if likelihood.learns_noise:
         with torch.no_grad():
             module.eval()
-            likelihood.fit_noise(torch.cat([module(x[i : i + 4096])
-                                            for i in range(0, x.shape[0], 4096)]), y)  # fmt: skip
+            if loader:
+                flat = FlatParameters(module)
+                _fit_noise_streamed(flat, flat.flatten(), x, module, likelihood,
+                                    name="collect_from_pretrained(x)")  # fmt: skip
+            else:
+                likelihood.fit_noise(torch.cat([module(x[i : i + 4096])
+                                                for i in range(0, x.shape[0], 4096)]), y)  # fmt: skip
     common = {
         "momentum": momentum,
         "weight_decay": weight_decay,

@@ -307,20 +307,25 @@ def _sized(data: object) -> int | None:
         return None
 
 
-def _check_loader_args(loader: object, y: object, batch_size: int | None) -> None:
-    """Arguments that a loader ``x`` excludes: ``y``, ``batch_size``; one-shot iterators."""
+def _check_loader_args(
+    loader: object, y: object, batch_size: int | None, *, what: str = "train_sgd_trajectory"
+) -> None:
+    """Arguments that a loader ``x`` excludes: ``y``, ``batch_size``; one-shot iterators.
+
+    ``what`` names the calling function in the messages.
+    """
     if y is not None:
         raise InputDataError(
-            expected_got("train_sgd_trajectory(y)", "None when x is a loader of (x, y) batches",
+            expected_got(f"{what}(y)", "None when x is a loader of (x, y) batches",
                          type(y).__name__, "Drop y: the loader yields the targets.")
         )  # fmt: skip
     if batch_size is not None:
         raise InputDataError(
-            expected_got("train_sgd_trajectory.batch_size", "None when x is a loader",
+            expected_got(f"{what}.batch_size", "None when x is a loader",
                          batch_size, "Set the batch size in the loader.")
         )  # fmt: skip
     # read once per epoch, and again for the learned noise and the final check
-    _check_reiterable(loader, "train_sgd_trajectory(x)")
+    _check_reiterable(loader, f"{what}(x)")
 
 
 def _training_batches(loader: object, module: nn.Module, name: str):
@@ -348,14 +353,16 @@ def _fit_noise_streamed(
     loader: object,
     module: nn.Module,
     likelihood: OutputLikelihood,
+    *,
+    name: str = "train_sgd_trajectory(x)",
 ) -> None:
     r""":meth:`OutputLikelihood.fit_noise` over a loader: :math:`\frac1N\sum_b \sum_{n \in b} (y_n - \mu_n)^2`."""
     total, rows = 0.0, 0
-    for xb, yb in _training_batches(loader, module, "train_sgd_trajectory(x)"):
+    for xb, yb in _training_batches(loader, module, name):
         mean, _ = likelihood.mean_variance(flat.functional_call(w.to(xb.dtype), xb))
         if mean.shape != yb.shape:
             raise ShapeError(
-                expected_got("train_sgd_trajectory(x) targets", f"shape {tuple(mean.shape)}",
+                expected_got(f"{name} targets", f"shape {tuple(mean.shape)}",
                              tuple(yb.shape))
             )  # fmt: skip
         total += float(((yb.to(mean) - mean) ** 2).double().sum())
@@ -363,7 +370,6 @@ def _fit_noise_streamed(
     value = total / rows
     if not math.isfinite(value):
         raise InputDataError(
-            "train_sgd_trajectory: non-finite residuals at the SWA mean; check the network and "
-            "targets."
+            f"{name}: non-finite residuals at the network's weights; check the network and targets."
         )
     likelihood.noise_variance = max(value, likelihood.min_variance, 1e-300)

@@ -32,6 +32,18 @@ the network.
 The selections that need no sampling per candidate (noise, SWAG scale) cost forward passes on
 the held-out rows only, and refine the grid by golden-section search
 (:func:`gpext.fit.minimize_scalar_on_grid`).
+
+Data loaders: every selection here that evaluates a network on the held-out rows
+(:func:`select_noise_variance`, :func:`select_swag_scale`, :func:`select_prior_std`,
+:func:`select_temperature`) also takes a loader of ``(x_b, y_b, ...)`` batches (e.g. a
+:class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) as ``x_val`` with
+``y_val=None``, and the two that sample a subspace model a loader of training batches as ``x``
+with ``y=None``.  The loader is streamed: each pass evaluates every weight sample on one batch
+at a time and keeps only the per-sample predictions ``(S, M)`` and the targets, so the
+held-out inputs are never held in memory at once, and the scores equal those of the same rows
+as tensors up to rounding.  :func:`validation_log_likelihood`, :func:`select_by_validation` and
+:func:`select_likelihood` evaluate no network (they score given predictions or call a
+user's scorer) and take no loader.
 """
 
 from __future__ import annotations
@@ -48,7 +60,15 @@ from gpext.fit import minimize_scalar_on_grid
 from gpext.fit.temperature import HyperparameterSelection
 from gpext.nn import MLP, HeteroscedasticMLP
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
-from gpext.subspace.flat_parameters import ParameterSelection
+from gpext.subspace.data import (
+    _check_reiterable,
+    _is_loader,
+    _MappedLoader,
+    _reject_loader,
+    _Stream,
+)
+from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
+from gpext.subspace.multi_swag import MultiSWAG
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.subspace_model import SubspaceModel
 from gpext.subspace.weight_posterior import (
@@ -124,6 +144,11 @@ def validation_log_likelihood(prediction: dict[str, torch.Tensor], y_val: torch.
     \sigma^2_{s,i})`; classification (``{"probs"}`` of shape ``(S, M, C)``):
     :math:`\frac1M\sum_i \log \frac1S \sum_s p_{s,i,y_i}`.
 
+    No data loader here: the function evaluates no network, it scores predictions already
+    made (:func:`~gpext.subspace.predict_weight_samples` and
+    :meth:`SubspaceModel.predict <gpext.subspace.SubspaceModel.predict>` take loaders of
+    inputs); pass the held-out targets as one tensor, in the order of the predictions.
+
     Args:
         prediction: What :func:`~gpext.subspace.predict_weight_samples` or
             :meth:`SubspaceModel.predict <gpext.subspace.SubspaceModel.predict>` returns.
@@ -184,7 +209,10 @@ def select_by_validation(
 
     ``score(value)`` returns the held-out score, or ``(score, samples)`` to keep the samples
     drawn at the value. Non-finite scores count as :math:`-\infty`; ties go to the earlier
-    candidate.
+    candidate.  The function reads no data itself, so it takes no loader: the scorer reads the
+    held-out rows in whatever form it likes (e.g. a loader passed to
+    :func:`select_noise_variance` or :meth:`SubspaceModel.predict
+    <gpext.subspace.SubspaceModel.predict>`).
 
     Args:
         score: The scorer (e.g. ESS at a prior scale, then :func:`validation_log_likelihood`).
@@ -223,6 +251,80 @@ def select_by_validation(
             "likelihood."
         )
     return HyperparameterSelection(best[0], best[2], scores, parameter)
+
+
+def _is_validation_loader(
+    x_val: object, y_val: object, where: str, *, reiterable: bool = True
+) -> bool:
+    """Whether ``x_val`` is a loader of ``(x_b, y_b)`` batches (``y_val`` must then be ``None``).
+
+    Raises:
+        InputDataError: For ``y_val`` given with a loader.
+        InputTypeError: For a loader as ``y_val``, or a one-shot iterator where the loader is
+            read more than once (``reiterable``).
+    """
+    if _is_loader(x_val):
+        if y_val is not None:
+            raise InputDataError(
+                expected_got(f"{where}(y_val)", "None when x_val is a loader of (x, y) batches",
+                             type(y_val).__name__, "Drop it: the loader yields the targets.")
+            )  # fmt: skip
+        if reiterable:
+            _check_reiterable(x_val, f"{where}(x_val)")
+        return True
+    _reject_loader(y_val, f"{where}(y_val)", "Pass the targets as a tensor, or a loader of "
+                   "(x, y) batches as x_val and y_val=None.")  # fmt: skip
+    return False
+
+
+def _predict_validation(
+    predict: Callable[[Iterable], dict[str, torch.Tensor]],
+    loader: Iterable,
+    where: str,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``predict`` over a loader of ``(x_b, y_b)`` batches, with the targets of its (last) pass.
+
+    ``predict`` gets a loader of checked ``(x_b, y_b)`` batches (e.g.
+    :func:`predict_weight_samples`, which takes the first element of each batch).
+
+    Returns:
+        The predictions (concatenated over the batches, in the loader's order) and the
+        targets in the same order. # shapes: (S, M, ...), (M,)
+    """
+    view = _KeptTargets(loader, lambda xb, yb: view.keep(xb, yb, device), f"{where}(x_val)")
+    pred = predict(view)
+    return pred, torch.cat(view.kept)
+
+
+class _KeptTargets(_MappedLoader):
+    """A loader of checked ``(x_b, y_b)`` batches that keeps the targets of its latest pass."""
+
+    def __init__(self, loader: Iterable, fn: Callable, name: str) -> None:
+        super().__init__(loader, fn, name, targets=True)
+        self.kept: list[torch.Tensor] = []
+
+    def keep(
+        self, xb: torch.Tensor, yb: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.kept.append(yb.to(device))
+        return xb, yb
+
+    def __iter__(self):
+        self.kept = []
+        return super().__iter__()
+
+
+def _model_data(
+    model: SubspaceModel, x: object, y: object, where: str, x_name: str = "x", y_name: str = "y"
+) -> tuple[torch.Tensor | _Stream, torch.Tensor | None]:
+    """Tensors checked by :func:`_check_rows`, or a checked stream of a loader (``y`` ``None``)."""
+    if isinstance(x, _Stream) or _is_loader(x):
+        return model._data(x, y, x_name, y_name, what=where), None
+    _reject_loader(y, f"{where}({y_name})", f"Pass the targets as a tensor, or a loader of "
+                   f"(x, y) batches as {x_name} and {y_name}=None.")  # fmt: skip
+    _check_rows(x, y, where)
+    return x, y
 
 
 def _check_rows(x_val: torch.Tensor, y_val: torch.Tensor, where: str) -> None:
@@ -272,8 +374,8 @@ def _best_noise(means: torch.Tensor, y: torch.Tensor, floor: float) -> tuple[flo
 def select_noise_variance(
     module: nn.Module,
     weights: torch.Tensor,
-    x_val: torch.Tensor,
-    y_val: torch.Tensor,
+    x_val: torch.Tensor | Iterable,
+    y_val: torch.Tensor | None,
     likelihood: OutputLikelihood,
     *,
     buffers: dict[str, torch.Tensor] | None = None,
@@ -294,12 +396,17 @@ def select_noise_variance(
     1 above the log of the mean squared residual) refined by golden-section search. The result
     is stored in ``likelihood.noise_variance``.
 
+    ``x_val`` may be a loader of ``(x_b, y_b)`` batches with ``y_val=None``: it is read once
+    (a one-shot iterator will do), every sample evaluated on each batch, and only the held-out
+    means ``(S, M)`` and targets are kept; the result equals that of the same rows as tensors
+    up to rounding.
+
     Args:
         module: The network.
         weights: Flat weight samples (the SWA mean as ``w[None]``, SWAG draws,
             ``SubspaceModel.weights(thetas)``). # shape: (S, D)
-        x_val: Held-out inputs. # shape: (M, ...)
-        y_val: Held-out targets. # shape: (M,)
+        x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (M, ...)
+        y_val: Held-out targets (``None`` with a loader). # shape: (M,)
         likelihood: A ``"gaussian"`` or ``"homoscedastic_gaussian"`` likelihood (updated).
         buffers: Buffers for every sample (batch-norm statistics), as in
             :func:`~gpext.subspace.predict_weight_samples`.
@@ -311,19 +418,42 @@ def select_noise_variance(
         :math:`\hat\sigma^2`, ``scores`` its held-out score, ``samples`` ``None``.
 
     Raises:
-        InputDataError: For another likelihood kind or non-finite data.
-        InputTypeError: If ``likelihood`` is not an :class:`~gpext.subspace.OutputLikelihood`.
+        InputDataError: For another likelihood kind or non-finite data; with a loader:
+            ``y_val`` given or an empty loader.
+        InputTypeError: If ``likelihood`` is not an :class:`~gpext.subspace.OutputLikelihood`,
+            for a loader as ``y_val``, or batches that are not ``(x, y)`` pairs of tensors.
         ShapeError: If the held-out inputs and targets disagree, or ``weights`` is not 2-D.
     """
-    _check_constant_noise(likelihood, "select_noise_variance")
-    _check_rows(x_val, y_val, "select_noise_variance")
+    where = "select_noise_variance"
+    _check_constant_noise(likelihood, where)
+    loader = _is_validation_loader(x_val, y_val, where, reiterable=False)
+    if not loader:
+        _check_rows(x_val, y_val, where)
     if weights.dim() != 2:
         raise ShapeError(
             expected_got("select_noise_variance(weights)", "shape (S, D)", tuple(weights.shape))
         )
-    means = predict_weight_samples(
-        module, weights, x_val, likelihood, buffers=buffers, parameters=parameters
-    )["means"]
+
+    def predict(x: torch.Tensor | Iterable) -> dict[str, torch.Tensor]:
+        return predict_weight_samples(module, weights, x, likelihood, buffers=buffers,
+                                      parameters=parameters)  # fmt: skip
+
+    if loader:
+        pred, y_val = _predict_validation(predict, x_val, where, weights.device)
+    else:
+        pred = predict(x_val)
+    return _noise_selection(pred["means"], y_val, likelihood, where)
+
+
+def _noise_selection(
+    means: torch.Tensor, y_val: torch.Tensor, likelihood: OutputLikelihood, where: str
+) -> HyperparameterSelection:
+    """The noise of :func:`_best_noise` for held-out means ``(S, M)``, stored in the likelihood."""
+    if y_val.shape != means.shape[-1:]:
+        raise ShapeError(
+            expected_got(f"{where}(y_val)", f"shape ({means.shape[-1]},), one target per row",
+                         tuple(y_val.shape))
+        )  # fmt: skip
     var, score = _best_noise(means, y_val.to(means), likelihood.min_variance)
     likelihood.noise_variance = var
     return HyperparameterSelection(var, None, {var: score}, "noise_variance")
@@ -347,6 +477,26 @@ def _unit_draws(
     return anchors.to(draws), draws
 
 
+def _own_networks(posterior: WeightPosterior, parameters: ParameterSelection) -> bool:
+    """Whether ``posterior`` is a MultiSWAG that evaluates its draws on its own networks.
+
+    Raises:
+        InputDataError: If ``parameters`` names other parameters than the MultiSWAG's.
+    """
+    names = posterior.parameter_names if isinstance(posterior, MultiSWAG) else None
+    if names is None:
+        return False
+    if not (isinstance(parameters, str) and parameters == "all"):
+        chosen = FlatParameters(posterior.modules_per_component[0], parameters).names
+        if chosen != names:
+            raise InputDataError(
+                expected_got("select_swag_scale.parameters", f"the MultiSWAG's selection {names}",
+                             chosen, "Leave parameters at its default for a MultiSWAG built "
+                             "with modules=.")
+            )  # fmt: skip
+    return True
+
+
 def _set_scale(posterior: WeightPosterior, scale: float) -> None:
     if isinstance(posterior, LowRankGaussianWeightPosterior):
         posterior.scale = scale
@@ -359,8 +509,8 @@ def _set_scale(posterior: WeightPosterior, scale: float) -> None:
 def select_swag_scale(
     module: nn.Module,
     posterior: WeightPosterior,
-    x_val: torch.Tensor,
-    y_val: torch.Tensor,
+    x_val: torch.Tensor | Iterable,
+    y_val: torch.Tensor | None,
     likelihood: OutputLikelihood,
     *,
     num_samples: int = 30,
@@ -397,13 +547,22 @@ def select_swag_scale(
     default ``scale`` (every component of a mixture). SWAG's customary 0.5 was never validated;
     on energy and yacht it is too wide.
 
+    ``x_val`` may be a re-iterable loader of ``(x_b, y_b)`` batches with ``y_val=None``: every
+    candidate scale (and the noise, with ``tune_noise``) is one streamed pass over it (each
+    draw evaluated batch by batch, only the predictions ``(S, M)`` kept); the scores equal
+    those of the same rows as tensors up to rounding.
+
     Args:
         module: The network the weights belong to.
         posterior: :class:`~gpext.subspace.SWAG`, :class:`~gpext.subspace.OnlineFactorAnalysis`,
             :class:`~gpext.subspace.MultiSWAG` or another :class:`~gpext.subspace.WeightMixture`
-            whose ``sample`` takes ``scale``.
-        x_val: Held-out inputs. # shape: (M, ...)
-        y_val: Held-out targets. # shape: (M,)
+            whose ``sample`` takes ``scale``.  A :class:`~gpext.subspace.MultiSWAG` built with
+            ``modules`` (:meth:`~gpext.subspace.MultiSWAG.from_trajectories`) evaluates every
+            component's draws on its own network (:meth:`MultiSWAG.predict
+            <gpext.subspace.MultiSWAG.predict>`), over its own parameter selection; ``module``
+            is then not used.
+        x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (M, ...)
+        y_val: Held-out targets (``None`` with a loader). # shape: (M,)
         likelihood: How to read the output.
         num_samples: Draws ``S``.
         max_scale: Largest scale :math:`s_{\max}`.
@@ -411,7 +570,9 @@ def select_swag_scale(
             likelihood).
         generator: Random generator of the draws.
         parameters: Which parameters the posterior covers (e.g. ``"last_layer"`` for a SWAG
-            built from a last-layer :class:`~gpext.subspace.TrajectoryCollector`).
+            built from a last-layer :class:`~gpext.subspace.TrajectoryCollector`); for a
+            MultiSWAG with ``modules`` its own selection (leave the default, or name the same
+            parameters).
         bn_inputs: For a network with batch norm, training inputs (or a loader of them) on
             which every draw's statistics are recomputed before it is scored
             (:func:`~gpext.subspace.predict_weight_samples`; one pass per draw and candidate
@@ -425,8 +586,11 @@ def select_swag_scale(
 
     Raises:
         InputDataError: For ``max_scale <= 0``, non-finite data, or ``tune_noise`` with a
-            likelihood without one constant noise.
-        InputTypeError: For a posterior whose ``sample`` takes no ``scale``.
+            likelihood without one constant noise; with a loader: ``y_val`` given or an empty
+            loader.
+        InputTypeError: For a posterior whose ``sample`` takes no ``scale``; a loader as
+            ``y_val``, a one-shot iterator as ``x_val``, or batches that are not ``(x, y)``
+            pairs of tensors.
         ShapeError: If the held-out inputs and targets disagree.
 
     Example:
@@ -439,7 +603,9 @@ def select_swag_scale(
             expected_got("select_swag_scale.posterior", "a gpext.subspace.WeightPosterior",
                          type(posterior).__name__)
         )  # fmt: skip
-    _check_rows(x_val, y_val, "select_swag_scale")
+    loader = _is_validation_loader(x_val, y_val, "select_swag_scale")
+    if not loader:
+        _check_rows(x_val, y_val, "select_swag_scale")
     if not (isinstance(max_scale, (int, float)) and math.isfinite(max_scale) and max_scale > 0):
         raise InputDataError(expected_got("select_swag_scale.max_scale", "a number > 0", max_scale))
     num_samples = check_positive_int(num_samples, "select_swag_scale.num_samples")
@@ -447,20 +613,39 @@ def select_swag_scale(
         tune_noise = likelihood.learns_noise
     if tune_noise:
         _check_constant_noise(likelihood, "select_swag_scale")
+    own_networks = _own_networks(posterior, parameters)
     anchors, draws = _unit_draws(posterior, num_samples, generator)
-    y = y_val
     scores: dict[float, float] = {}
     details = None
+
+    def predict(w: torch.Tensor, refresh: bool = True) -> tuple[dict[str, torch.Tensor], Any]:
+        kwargs = {"bn_inputs": bn_inputs if refresh else None, "buffers": buffers}
+
+        def run(x: torch.Tensor | Iterable) -> dict[str, torch.Tensor]:
+            if own_networks:
+                return posterior.predict(w, x, likelihood, **kwargs)
+            return predict_weight_samples(module, w, x, likelihood, parameters=parameters,
+                                          **kwargs)  # fmt: skip
+
+        if loader:
+            return _predict_validation(run, x_val, "select_swag_scale", w.device)
+        return run(x_val), y_val
+
     if tune_noise:
-        details = {"noise_variance": select_noise_variance(module, anchors, x_val, y_val,
-                                                           likelihood, parameters=parameters,
-                                                           buffers=buffers).value}  # fmt: skip
+        if own_networks:
+            # as select_noise_variance (buffers, no refresh), each draw on its own network
+            _check_constant_noise(likelihood, "select_noise_variance")
+            pred, y = predict(anchors, refresh=False)
+            noise = _noise_selection(pred["means"], y, likelihood, "select_noise_variance")
+        else:
+            noise = select_noise_variance(module, anchors, x_val, y_val, likelihood,
+                                          parameters=parameters, buffers=buffers)  # fmt: skip
+        details = {"noise_variance": noise.value}
 
     def neg_score(root: float) -> float:
         s = min(root * root, float(max_scale))
         w = anchors + math.sqrt(s) * (draws - anchors)
-        pred = predict_weight_samples(module, w, x_val, likelihood, parameters=parameters,
-                                      bn_inputs=bn_inputs, buffers=buffers)  # fmt: skip
+        pred, y = predict(w)
         value = validation_log_likelihood(pred, y)
         value = value if math.isfinite(value) else -math.inf
         scores[s] = value
@@ -483,10 +668,10 @@ def select_swag_scale(
 
 def select_prior_std(
     model: SubspaceModel,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_val: torch.Tensor,
-    y_val: torch.Tensor,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
+    x_val: torch.Tensor | Iterable,
+    y_val: torch.Tensor | None,
     prior_stds: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0),
     *,
     num_samples: int = 30,
@@ -504,12 +689,19 @@ def select_prior_std(
     or after: the two act alike on a well-determined subspace (a larger :math:`\sigma_p` and a
     larger :math:`T` both widen it), so one of them is usually enough.
 
+    Either pair may be a re-iterable loader of ``(x_b, y_b)`` batches in place of the tensors
+    (``y`` or ``y_val`` then ``None``), checked once as :class:`~gpext.subspace.SubspaceModel`
+    checks loaders: ESS streams the training log-likelihood
+    (:meth:`SubspaceModel.sample_ess <gpext.subspace.SubspaceModel.sample_ess>`), and every
+    candidate's held-out predictions are gathered batch by batch (one pass per candidate); a
+    held-out loader gives the scores of the same rows as tensors up to rounding.
+
     Args:
         model: The :class:`~gpext.subspace.SubspaceModel`.
-        x: Training inputs. # shape: (N, ...)
-        y: Training targets. # shape: (N,)
-        x_val: Held-out inputs. # shape: (M, ...)
-        y_val: Held-out targets. # shape: (M,)
+        x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Training targets (``None`` with a loader). # shape: (N,)
+        x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (M, ...)
+        y_val: Held-out targets (``None`` with a loader). # shape: (M,)
         prior_stds: Candidates (positive).
         num_samples: ESS samples per candidate.
         burn_in: ESS burn-in per candidate.
@@ -520,16 +712,19 @@ def select_prior_std(
         ``samples`` its ESS samples ``(S, r)``.
 
     Raises:
-        InputTypeError: If ``model`` is not a :class:`~gpext.subspace.SubspaceModel`.
-        InputDataError: For non-positive candidates or non-finite data.
+        InputTypeError: If ``model`` is not a :class:`~gpext.subspace.SubspaceModel`; a loader
+            as ``y`` or ``y_val``, a one-shot iterator, or batches that are not ``(x, y)``
+            pairs of tensors.
+        InputDataError: For non-positive candidates or non-finite data; ``y`` or ``y_val``
+            given with a loader, or an empty loader.
         ShapeError: If inputs and targets disagree.
     """
     if not isinstance(model, SubspaceModel):
         raise InputTypeError(
             expected_got("select_prior_std.model", "a SubspaceModel", type(model).__name__)
         )
-    _check_rows(x, y, "select_prior_std")
-    _check_rows(x_val, y_val, "select_prior_std")
+    x, y = _model_data(model, x, y, "select_prior_std")
+    x_val, y_val = _model_data(model, x_val, y_val, "select_prior_std", "x_val", "y_val")
     stds = [float(s) for s in prior_stds]
     if not stds or not all(math.isfinite(s) and s > 0 for s in stds):
         raise InputDataError(
@@ -541,7 +736,11 @@ def select_prior_std(
         model.prior_std = std
         thetas = model.sample_ess(x, y, num_samples, burn_in=burn_in, generator=generator)
         with torch.no_grad():
-            return validation_log_likelihood(model.predict(x_val, thetas), y_val), thetas
+            if isinstance(x_val, _Stream):
+                pred, targets = model._predict_data(x_val, None, thetas)
+            else:
+                pred, targets = model.predict(x_val, thetas), y_val
+            return validation_log_likelihood(pred, targets), thetas
 
     try:
         sel = select_by_validation(score, stds, parameter="prior_std")
@@ -554,10 +753,10 @@ def select_prior_std(
 
 def select_temperature(
     model: SubspaceModel,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_val: torch.Tensor,
-    y_val: torch.Tensor,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
+    x_val: torch.Tensor | Iterable,
+    y_val: torch.Tensor | None,
     exponents: Sequence[float] = TEMPERATURE_EXPONENTS,
     **kwargs: Any,
 ) -> HyperparameterSelection:
@@ -568,12 +767,17 @@ def select_temperature(
     as a :class:`~gpext.fit.temperature.HyperparameterSelection` like the other selections
     here (``details``: the calibrated ``variance_scale``).
 
+    Either pair may be a re-iterable loader of ``(x_b, y_b)`` batches in place of the tensors
+    (``y`` or ``y_val`` then ``None``), as the method takes them: a training loader is checked
+    in one pass that also counts :math:`N` for the grid, then streamed; held-out predictions
+    are gathered batch by batch, with the scores of the same rows as tensors up to rounding.
+
     Args:
         model: The :class:`~gpext.subspace.SubspaceModel`.
-        x: Training inputs. # shape: (N, ...)
-        y: Training targets. # shape: (N,)
-        x_val: Held-out inputs. # shape: (M, ...)
-        y_val: Held-out targets. # shape: (M,)
+        x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Training targets (``None`` with a loader). # shape: (N,)
+        x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (M, ...)
+        y_val: Held-out targets (``None`` with a loader). # shape: (M,)
         exponents: The exponents :math:`e_k`.
         **kwargs: Passed on (``num_samples``, ``burn_in``, ``calibrate_variance``,
             ``method``, ``generator``).
@@ -583,15 +787,17 @@ def select_temperature(
         samples ``(S, r)``, ``scores`` per :math:`T`.
 
     Raises:
-        InputTypeError: If ``model`` is not a :class:`~gpext.subspace.SubspaceModel`.
+        InputTypeError: If ``model`` is not a :class:`~gpext.subspace.SubspaceModel`, or for
+            bad loaders (see the method).
         InputDataError: For bad exponents or data (see the method).
     """
     if not isinstance(model, SubspaceModel):
         raise InputTypeError(
             expected_got("select_temperature.model", "a SubspaceModel", type(model).__name__)
         )
-    _check_rows(x, y, "select_temperature")
-    temps = temperature_grid(x.shape[0], model.rank, exponents)
+    x, y = _model_data(model, x, y, "select_temperature")
+    num_rows = x.num_rows if isinstance(x, _Stream) else x.shape[0]
+    temps = temperature_grid(num_rows, model.rank, exponents)
     sel = model.select_temperature(x, y, x_val, y_val, temps, **kwargs)
     details = {"variance_scale": model.variance_scale}
     return HyperparameterSelection(sel.temperature, sel.samples, sel.scores, "temperature", details)
@@ -650,6 +856,10 @@ def select_likelihood(
     A homoscedastic network with learned noise wins where the noise is nearly constant
     (energy: the heteroscedastic head's variance collapses on the training rows), the
     heteroscedastic one where it varies.
+
+    No data loader here: the function reads no data, ``score`` trains and scores on whatever
+    data it holds (tensors or loaders, e.g. :func:`~gpext.subspace.train_sgd_trajectory` and
+    :func:`select_swag_scale` with loaders).
 
     Args:
         score: Trains and scores one likelihood.

@@ -160,9 +160,11 @@ class TestTrainSGDTrajectory:
             train_sgd_trajectory(_mlp(torch.float32, True), _loader(x[:1], y[:1]), None, lik,
                                  **kw)  # fmt: skip
 
-    def test_post_hoc_rejects_loader(self):
+    def test_post_hoc_loader_takes_no_targets(self):
+        # collect_from_pretrained takes loaders (tests/subspace/test_loaders_post_hoc_tuning.py)
+        # the way train_sgd_trajectory does: the loader as x and y=None
         x, y = _regression(torch.float32, n=20)
-        with pytest.raises(InputTypeError, match="loader"):
+        with pytest.raises(InputDataError, match="None when x is a loader"):
             collect_from_pretrained(_mlp(torch.float32), _loader(x, y), y,
                                     OutputLikelihood("gaussian", noise_variance=0.1))  # fmt: skip
 
