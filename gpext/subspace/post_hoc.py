@@ -159,7 +159,10 @@ def collect_from_pretrained(
 
     Returns:
         The :class:`~gpext.subspace.TrajectoryCollector` (``collector.post_hoc_lr`` holds
-        :math:`\eta`).
+        :math:`\eta`; ``collector.post_hoc_lr_trials`` the one-epoch trials of the rate search
+        in order, each a dict with ``lr``, the training ``nll`` after it, ``accepted``, the
+        ``warnings`` it raised and, for a trial that failed numerically, ``error``; empty when
+        ``lr`` was given).
 
     Raises:
         InputDataError: For ``epochs < 2``, a non-positive rate or tolerance; with a loader:
@@ -214,6 +217,7 @@ def collect_from_pretrained(
         "batch_size": batch_size,
         "max_grad_norm": max_grad_norm,
     }
+    trials: list[dict] = []
     if lr is None:
         start_nll = mean_negative_log_likelihood(module, x, y, likelihood)
         if not math.isfinite(start_nll):
@@ -225,17 +229,26 @@ def collect_from_pretrained(
         seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
         for rate in sorted(rates, reverse=True):
             trial, trial_lik = copy.deepcopy(module), copy.deepcopy(likelihood)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+            record = {"lr": rate, "nll": math.nan, "accepted": False, "warnings": []}
+            trials.append(record)
+            # A one-epoch trial warns as a matter of course (e.g. about a single collection);
+            # its warnings are recorded with the trial instead of being shown or dropped.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
                     train_sgd_trajectory(
                         trial, x, y, trial_lik, epochs=1, swa_start=0, lr=rate, swa_lr=rate,
                         generator=torch.Generator(device="cpu").manual_seed(seed),
                         show_progress=False, **common,
                     )  # fmt: skip
-            except NumericalError:
+                except NumericalError as err:
+                    record["error"] = str(err)
+            record["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+            if "error" in record:
                 continue
-            if mean_negative_log_likelihood(trial, x, y, trial_lik) <= start_nll + tolerance:
+            record["nll"] = mean_negative_log_likelihood(trial, x, y, trial_lik)
+            if record["nll"] <= start_nll + tolerance:
+                record["accepted"] = True
                 chosen = rate
                 break
         lr = chosen
@@ -245,4 +258,5 @@ def collect_from_pretrained(
         **kwargs,
     )  # fmt: skip
     traj.post_hoc_lr = float(lr)
+    traj.post_hoc_lr_trials = trials
     return traj

@@ -63,12 +63,30 @@ class TestCollectFromPretrained:
         traj = collect_from_pretrained(net, x, y, lik, epochs=3, lr_candidates=(50.0, 1e-3),
                                        generator=torch.Generator().manual_seed(0))  # fmt: skip
         assert traj.post_hoc_lr == 1e-3
+        # the trials are recorded, with their warnings, instead of being silenced
+        trials = traj.post_hoc_lr_trials
+        assert [t["lr"] for t in trials] == [50.0, 1e-3]
+        assert not trials[0]["accepted"]
+        assert trials[0]["nll"] > trials[1]["nll"]
+
+    def test_trial_warnings_are_recorded_not_shown(self, recwarn):
+        net, x, y = _pretrained(torch.float64)
+        lik = OutputLikelihood("gaussian", noise_variance=0.01)
+        traj = collect_from_pretrained(net, x, y, lik, epochs=3, lr_candidates=(50.0, 1e-3),
+                                       generator=torch.Generator().manual_seed(0))  # fmt: skip
+        # the rate of 50 leaves the basin: its collapse warning is kept with its trial and not
+        # shown (the run that follows is at 1e-3)
+        bad = traj.post_hoc_lr_trials[0]
+        assert any(msg.startswith("VarianceCollapseWarning") for msg in bad["warnings"])
+        shown = {str(w.message) for w in recwarn}
+        assert all(msg.split(": ", 1)[1] not in shown for msg in bad["warnings"])
 
     def test_explicit_rate_and_errors(self):
         net, x, y = _pretrained(torch.float32)
         lik = OutputLikelihood("gaussian", noise_variance=0.01)
         traj = collect_from_pretrained(net, x, y, lik, epochs=2, lr=1e-3)
         assert traj.post_hoc_lr == 1e-3 and traj.num_collected == 2
+        assert traj.post_hoc_lr_trials == []
         with pytest.raises(InputDataError):
             collect_from_pretrained(net, x, y, lik, epochs=1)
         with pytest.raises(InputDataError):
