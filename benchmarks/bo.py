@@ -122,7 +122,9 @@ all arms of all five problems together (``vbll`` 98 s of it, 14-32 s per fit bec
 default fit runs about 3,000-3,600 epochs before early stopping; ``ackley20`` 45 s), times
 20 iterations and 10 seeds.  Without ``vbll`` about 3 hours.  On the shared two-core
 development machine everything took 2-3 times longer.  Run it in pieces (``--problems`` /
-``--arms`` / ``--seed`` with one ``--partial`` file each, merged by ``--combine``), e.g. one
+``--arms`` / ``--seed`` with one ``--partial`` file each, merged by ``--combine``; every run
+records the commit it was made with, ``code``, and the written JSON counts them in
+``code_versions``), e.g. one
 process per problem (1.3-2.5 hours each, ``ackley20`` the longest) or a separate process for ``vbll``.  The quick run
 takes about 10 minutes.
 
@@ -385,6 +387,36 @@ def warning_name(category: type) -> str:
 CONFIG_KEYS = ("quick", "iterations", "num_restarts", "raw_samples", "maxiter")
 
 
+def code_version() -> str:
+    """The commit the runs were made with (``+dirty`` with uncommitted changes), recorded in
+    every run so that results combined from pieces run at different times say which code made
+    them; ``"unknown"`` outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty.strip() else "")
+
+
+CODE_VERSION = code_version()
+
+
 def config_key(cfg: dict) -> str:
     """What a finished run depends on besides (problem, arm, seed); partial files check it."""
     return ",".join(f"{k}={int(cfg[k])}" for k in CONFIG_KEYS)
@@ -477,6 +509,7 @@ def run_one(problem_name: str, arm: str, seed: int, cfg: dict) -> dict:
         "method": arm,
         "seed": seed,
         "config": config_key(cfg),
+        "code": CODE_VERSION,
         "simple_regret": problem.optimal_value - best_value(problem, y, feasible),
         "initial_regret": problem.optimal_value - best_value(problem, y[:n0], init_feasible),
         "seconds_per_iteration": statistics.mean(times) if times else 0.0,
@@ -630,6 +663,8 @@ def write(runs: list[dict], cfg: dict, args, command: str | None = None) -> dict
         "warnings": per_arm(runs, "warnings"),
         "errors": per_arm(runs, "errors"),
         "warning_messages": per_arm(runs, "warning_messages"),
+        # which code made the runs (pieces may come from different sessions)
+        "code_versions": dict(Counter(r.get("code", "unrecorded") for r in runs)),
         "runs": runs,
     }
     write_results("bo", rows, out_dir(args), command=command, extra=extra,
