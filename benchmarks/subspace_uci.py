@@ -55,6 +55,7 @@ import torch
 from _common import RESULTS, base_parser, out_dir
 
 import gpext_bench.methods_peers  # noqa: F401  (registers the peer arms)
+import gpext_bench.methods_posthoc  # noqa: F401  (post-hoc subspaces of pretrained networks)
 import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
 import gpext_bench.methods_subspace_auto  # noqa: F401  (likelihood chosen on validation rows)
 import gpext_bench.methods_subspace_glm  # noqa: F401  (the linearised predictives)
@@ -87,6 +88,8 @@ TUNED_METHODS = (
 )  # fmt: skip
 # the linearised (GLM) predictive of the same posteriors (issue 22, item 4)
 GLM_METHODS = ("pca_vi_glm", "inkpca_vi_glm", "pca_ess_glm", "inkpca_ess_glm")
+# gpext's post-hoc recipe on the peers' MAP networks (gpext_bench/methods_posthoc.py)
+POSTHOC_METHODS = ("posthoc_pca_ess", "posthoc_ensemble_pca_ess")
 # issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
 PEER_METHODS = ("map_laplace_kron", "map_laplace_last_layer", "deep_ensemble", "multiswag")
 PROTOCOL = (
@@ -133,11 +136,19 @@ PROTOCOL = (
     "(set to its maximum-likelihood value after every epoch and at the SWA mean), with its own "
     "recipe search on the same validation rows; swag_tuned* choose the SWAG scale in [0, 4] on "
     "the validation rows of the selection run (common random numbers); *_auto use whichever "
-    "likelihood's recipe search reached the higher validation log-likelihood."
+    "likelihood's recipe search reached the higher validation log-likelihood. Post hoc "
+    "(issue 22, item 3; gpext_bench/methods_posthoc.py): posthoc_pca_ess applies gpext's "
+    "documented post-hoc recipe to the first MAP network of the peers (collect_from_pretrained: "
+    "20 epochs of constant-rate SGD from its weights on the rows it was fitted on, the rate by "
+    "the one-epoch rule, learned homoscedastic noise; a rank-20 PCA subspace; ESS with the "
+    "temperature and variance scale chosen by select_temperature on the 10% it was "
+    "early-stopped on; 30 draws); posthoc_ensemble_pca_ess does so for each of the deep "
+    "ensemble's 5 networks and averages the 5 posteriors with equal weights."
 )
 SUBSPACE_METHODS = (
     "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS,
     "swag_tuned", "swag_tuned_homo", "pca_ess_homo", "pca_ess_auto", "swag_tuned_auto",
+    *POSTHOC_METHODS,
 )  # fmt: skip
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
 PUBLISHED_LL = {
@@ -225,9 +236,7 @@ def combine_parts(dirs: list[str | Path]) -> dict:
     }
 
 
-def summarise(
-    rows: list[dict], datasets: list[str]
-) -> tuple[list[dict], dict, dict, dict, dict]:
+def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, dict, dict, dict]:
     """Aggregate table, goals, chosen-temperature counts and peer comparisons of the rows.
 
     Returns:
@@ -238,9 +247,10 @@ def summarise(
         ``recipe_counts[dataset]["drbayes"|"gpext"]`` those that chose that training recipe.
     """
     table = aggregate_rows(rows)
+    scored = [r for r in table if "test_ll" in r]  # a method whose every fit failed has none
     beats = covered = 0
     for ds in datasets:
-        mine = [r for r in table if r["dataset"] == ds and r["method"] in SUBSPACE_METHODS]
+        mine = [r for r in scored if r["dataset"] == ds and r["method"] in SUBSPACE_METHODS]
         if not mine:
             continue
         best = max(mine, key=lambda r: r["test_ll"])
@@ -294,15 +304,16 @@ def paired_differences(rows: list[dict], table: list[dict], datasets: list[str])
     """
     out = {}
     for ds in datasets:
-        mine = [r for r in table if r["dataset"] == ds and r["method"] in SUBSPACE_METHODS]
-        peers = [r for r in table if r["dataset"] == ds and r["method"] in PEER_METHODS]
+        scored = [r for r in table if r["dataset"] == ds and "test_ll" in r]
+        mine = [r for r in scored if r["method"] in SUBSPACE_METHODS]
+        peers = [r for r in scored if r["method"] in PEER_METHODS]
         if not mine or not peers:
             continue
         best = max(mine, key=lambda r: r["test_ll"])["method"]
         peer = max(peers, key=lambda r: r["test_ll"])["method"]
         by_split: dict[int, dict[str, float]] = {}
         for r in rows:
-            if r["dataset"] == ds and r["method"] in (best, peer):
+            if r["dataset"] == ds and r["method"] in (best, peer) and "test_ll" in r:
                 by_split.setdefault(r["split"], {})[r["method"]] = r["test_ll"]
         diffs = [v[best] - v[peer] for v in by_split.values() if best in v and peer in v]
         if not diffs:
@@ -339,7 +350,7 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=None,
-        choices=METHODS + TUNED_METHODS + GLM_METHODS + PEER_METHODS,
+        choices=METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + PEER_METHODS,
         help="run only these methods (default: all, the peer arms included)",
     )
     parser.add_argument(
@@ -377,13 +388,18 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
-        methods = args.methods or METHODS + TUNED_METHODS + GLM_METHODS + PEER_METHODS
+        methods = args.methods or (
+            METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + PEER_METHODS
+        )
         run = run_benchmark(
             datasets, methods, config=config, data_dir=args.data_dir, splits=indices,
             log=None if sys.stderr.isatty() else sys.stderr,  # one line per fit when piped
         )  # fmt: skip
         for row in run.rows:  # seconds of the shared training run are counted for every method
-            _, pred = run.predictions[(row["dataset"], row["method"], row["split"])]
+            key = (row["dataset"], row["method"], row["split"])
+            if key not in run.predictions:  # a failed fit: its row says so (run.failures)
+                continue
+            _, pred = run.predictions[key]
             row["seconds"] = float(pred.info.get("seconds", row["seconds"]))
             row["test_ll"] = -row.pop("nll")
             if "drbayes_recipe" in pred.info:

@@ -53,6 +53,9 @@ __all__ = [
     "fit_predict_laplace_kron",
     "fit_predict_laplace_last_layer",
     "fit_predict_multiswag",
+    "map_holdout",
+    "map_member",
+    "member_seed",
     "train_map_network",
 ]
 
@@ -72,8 +75,17 @@ VALIDATION_FRACTION = 0.1
 _MAP_CACHE: dict = {}
 
 
-def _seed(config: BenchConfig, split: DatasetSplit, member: int) -> int:
+def member_seed(config: BenchConfig, split: DatasetSplit, member: int) -> int:
+    """Seed of a MAP network (its hold-out, initial weights and mini-batch order)."""
     return 10007 * config.seed + 101 * split.split_index + member
+
+
+def map_holdout(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MAP network's rows: ``(fit, held_out)`` indices, 10% held out (``generator`` is
+    advanced; seeded with a member's seed it gives that member's split of the rows)."""
+    perm = torch.randperm(n, generator=generator)
+    n_val = max(1, round(VALIDATION_FRACTION * n))
+    return perm[n_val:], perm[:n_val]
 
 
 def train_map_network(
@@ -99,10 +111,7 @@ def train_map_network(
         rows it was not trained on), and that epoch.
     """
     gen = torch.Generator().manual_seed(seed)
-    n = x.shape[0]
-    perm = torch.randperm(n, generator=gen)
-    n_val = max(1, round(VALIDATION_FRACTION * n))
-    val, fit = perm[:n_val], perm[n_val:]
+    fit, val = map_holdout(x.shape[0], gen)
     xf, yf, xv, yv = x[fit], y[fit], x[val], y[val]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -133,7 +142,9 @@ def train_map_network(
     return net, best, best_epoch
 
 
-def _map_member(split: DatasetSplit, config: BenchConfig, member: int):
+def map_member(split: DatasetSplit, config: BenchConfig, member: int):
+    """The ``member``-th MAP network of a split, trained once per split (cached):
+    ``(network, held-out noise variance, best epoch, seconds)``."""
     key = (split.name, split.split_index, split.num_train, config.seed, config.quick)
     if _MAP_CACHE.get("key") != key:
         _MAP_CACHE.clear()
@@ -145,7 +156,7 @@ def _map_member(split: DatasetSplit, config: BenchConfig, member: int):
         epochs = config.budget(MAP_EPOCHS // 10, MAP_EPOCHS)
         patience = config.budget(MAP_PATIENCE // 5, MAP_PATIENCE)
         net, noise, epoch = train_map_network(
-            x, y, seed=_seed(config, split, member), epochs=epochs, patience=patience
+            x, y, seed=member_seed(config, split, member), epochs=epochs, patience=patience
         )
         _MAP_CACHE[member] = (net, noise, epoch, time.perf_counter() - t0)
     return _MAP_CACHE[member]
@@ -162,7 +173,7 @@ def _laplace(split: DatasetSplit, config: BenchConfig, subset: str, structure: s
             "backpack-for-pytorch curvlinops-for-pytorch einconv unfoldNd && pip install "
             "-c constraints.txt opt-einsum torchmetrics einops lightning-utilities"
         ) from err
-    net, noise, epoch, map_seconds = _map_member(split, config, 0)
+    net, noise, epoch, map_seconds = map_member(split, config, 0)
     t0 = time.perf_counter()
     net = copy.deepcopy(net)
     x = split.train_x.to(config.device, config.dtype)
@@ -235,7 +246,7 @@ def fit_predict_deep_ensemble(split: DatasetSplit, config: BenchConfig) -> Predi
     test_x = split.test_x.to(config.device, config.dtype)
     means, variances, seconds = [], [], 0.0
     for member in range(ENSEMBLE_SIZE):
-        net, noise, _, sec = _map_member(split, config, member)
+        net, noise, _, sec = map_member(split, config, member)
         with torch.no_grad():
             mean = net(test_x).squeeze(-1)
         means.append(mean)
@@ -266,10 +277,10 @@ def fit_predict_multiswag(split: DatasetSplit, config: BenchConfig) -> Predictio
     swags = [SWAG.from_trajectory(run.trajectory)]
     for k in range(1, MULTISWAG_COMPONENTS):
         extra = ms._train_run(  # the shared run's recipe, another seed
-            (x, y, x[:0], y[:0]), run.recipe, run.rank, _seed(config, split, 1000 + k), config
+            (x, y, x[:0], y[:0]), run.recipe, run.rank, member_seed(config, split, 1000 + k), config
         )
         swags.append(SWAG.from_trajectory(extra.trajectory))
-    gen = torch.Generator().manual_seed(_seed(config, split, 0))
+    gen = torch.Generator().manual_seed(member_seed(config, split, 0))
     w = MultiSWAG(swags).sample(MULTISWAG_SAMPLES, scale=0.5, generator=gen)
     pred = predict_weight_samples(
         run.net, w, split.test_x.to(config.device, config.dtype), ms._LIKELIHOOD

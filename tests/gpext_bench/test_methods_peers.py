@@ -119,3 +119,52 @@ def test_auto_likelihood_is_the_better_validated_run():
     torch.testing.assert_close(auto.mixture_means, plain.mixture_means)
     assert auto.info["homoscedastic"] == float(chosen == ms.HOMOSCEDASTIC)
     assert auto.info["seconds"] > plain.info["seconds"]
+
+
+def test_map_holdout_is_the_networks_hold_out():
+    from gpext_bench.methods_peers import map_holdout
+
+    fit, val = map_holdout(200, torch.Generator().manual_seed(3))
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(val, perm[:20]) and torch.equal(fit, perm[20:])
+
+
+@pytest.mark.parametrize("method", ["posthoc_pca_ess", "posthoc_ensemble_pca_ess"])
+def test_posthoc_arms_predict_mixtures_around_the_map_networks(method):
+    import gpext_bench.methods_posthoc as mp
+    from gpext_bench.methods_peers import map_member
+
+    split = load_dataset("diabetes", 0)
+    config = BenchConfig(quick=True, dtype=torch.float64)
+    pred = get_method(method).fit_predict(split, config)
+    m = split.num_test
+    members = ENSEMBLE_SIZE if method == "posthoc_ensemble_pca_ess" else 1
+    assert pred.mixture_means.shape == (members * mp.NUM_SAMPLES, m)
+    assert torch.isfinite(pred.mixture_means).all() and (pred.mixture_variances > 0).all()
+    assert pred.info["temperature"] > 0 and pred.info["noise_variance"] > 0
+    # the draws stay near the pretrained network they start from (a post-hoc basin, not a
+    # new fit): their mean is closer to the MAP network's predictions than to the targets
+    net = map_member(split, config, 0)[0]
+    with torch.no_grad():
+        map_mean = net(split.test_x).squeeze(-1).double()
+    first = pred.mixture_means[: mp.NUM_SAMPLES].mean(0)
+    assert float((first - map_mean).pow(2).mean()) < float((map_mean - split.test_y).pow(2).mean())
+    # the MAP networks are not changed by the post-hoc SGD phase (it runs on copies)
+    with torch.no_grad():
+        assert torch.equal(net(split.test_x).squeeze(-1).double(), map_mean)
+
+
+def test_summary_skips_methods_whose_fits_failed():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import subspace_uci as bench
+
+    rows = [
+        {"dataset": "yacht", "method": "pca_ess", "split": 0, "test_ll": -1.0, "rmse": 1.0,
+         "coverage95": 0.95, "seconds": 1.0},
+        {"dataset": "yacht", "method": "deep_ensemble", "split": 0, "test_ll": -1.2,
+         "rmse": 1.0, "coverage95": 0.95, "seconds": 1.0},
+        {"dataset": "yacht", "method": "map_laplace_kron", "split": 0, "seconds": 0.1,
+         "failure": "MissingExtraError: laplace-torch is not installed"},
+    ]  # fmt: skip
+    _, _, _, _, paired = bench.summarise(rows, ["yacht"])
+    assert (paired["yacht"]["gpext"], paired["yacht"]["peer"]) == ("pca_ess", "deep_ensemble")
