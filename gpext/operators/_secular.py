@@ -67,7 +67,11 @@ _WORKSPACE = threading.local()
 # 11 ms at 1000 (a fixed ~1.8 ms of Python and host work per update, then O(m^2)). Crossover of
 # one update against eigh: m ~ 150; of adding a point (2 updates, 4 centred) against eigh:
 # m ~ 250 (uncentred), ~ 350 (centred). Only ratios matter for the decisions; on other
-# machines the crossover moves but both choices stay correct.
+# machines the crossover moves but both choices stay correct. Remeasured after the overhead
+# cuts of Nov 26: an update on RBF kernel rows costs 1.2-3 ms below m ~ 400 (it varies with
+# the number of secular iterations the spectrum needs), 3.7 ms at 500, 11 ms at 1000; adding a
+# point by rank-one updates and by the batch eigh path still cross near m = 250 (6.1 against
+# 6.7 ms there, 4.5 against 3.8 ms at 200), so the constants were kept.
 _EIGH = (1.8e-10, 5e-8, 2e-4)  # eigh of m x m: a m^3 + b m^2 + c
 _GEMM = 4.2e-11  # basis product m x k x k: per m k^2
 _UPDATE = (1.8e-3, 1.3e-8)  # one rank-one update without the basis product: c + b m^2

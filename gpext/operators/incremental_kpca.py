@@ -136,15 +136,20 @@ class IncrementalKPCA(torch.nn.Module):
     :math:`\sqrt{m/(m+1)}\, U^\top a_0` and :math:`m k_0/(m+1)`: one Givens rotation of the
     basis and Eq. 7's two rank-one updates, instead of the four above.
 
-    **Dispatch.** :meth:`update` of ``n`` points compares the rank-one path (a fixed ~1.8 ms
-    of Python and host work per rank-one update, two per point, plus :math:`O(m^2)`) with one
-    batch ``eigh`` of the grown matrix after storing the points, by a cost model calibrated on
-    measured single-thread timings (see ``_secular.py``; the crossover for one point is at
-    about ``m = 250``, and many points at once go to ``eigh``), and takes the cheaper;
-    ``method="rank_one"`` or ``"eigh"`` forces one. Measured (``benchmarks/inkpca.py``, one
-    thread): adding one point costs about 0.3x an ``eigh`` of the same matrix at ``m = 500``
-    and 0.13x at ``m = 1000``, centred or not; with the basis read after every point, its
-    products (two ``m x m`` GEMMs) or an ``eigh`` come on top.
+    **Dispatch.** :meth:`update` of ``n`` points compares the rank-one path (Python and host
+    work of the secular iterations, 1-3 ms per rank-one update below ``m ~ 400``, two per
+    point, plus :math:`O(m^2)`) with one batch ``eigh`` of the grown matrix after storing the
+    points, by a cost model calibrated on measured single-thread timings (see ``_secular.py``;
+    the crossover for one point is at about ``m = 250``, and many points at once go to
+    ``eigh``), and takes the cheaper; ``method="rank_one"`` or ``"eigh"`` forces one. The batch
+    path stores all ``n`` points with one kernel call and makes the degenerate-point checks
+    below for all of them at once. Measured (``benchmarks/inkpca.py``, one thread, RBF kernel):
+    adding one point costs 0.28x an ``eigh`` of the same matrix at ``m = 500``, 0.13x at
+    ``m = 1000`` and 0.06x at ``m = 2000``, centred or not. Below the crossover it is the batch
+    ``eigh`` plus a fixed cost of about 0.3 ms (input and kernel checks, the kernel row, the
+    checks for degenerate points): 1.3x recomputing with plain GPyTorch and torch
+    (``kernel(X)`` and ``eigh``) at ``m = 50``, 1.2x at ``m = 100``. With the basis read after
+    every point, its products (two ``m x m`` GEMMs) or an ``eigh`` come on top.
 
     Eigenpairs used by :meth:`transform`, :meth:`nystrom` and :meth:`expansion_coefficients`
     follow one documented rule: an eigenpair is kept only if
