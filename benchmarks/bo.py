@@ -394,21 +394,14 @@ def code_version() -> str:
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=10", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        sha = git("rev-parse", "--short=10", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("+dirty" if dirty.strip() else "")

@@ -10,7 +10,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError
-from gpext.fit import minibatch_indices
 from gpext.subspace import (
     OutputLikelihood,
     SubspaceModel,
@@ -19,18 +18,6 @@ from gpext.subspace import (
     refresh_batch_norm,
     train_sgd_trajectory,
 )
-
-
-class _SameOrder:
-    """Batch sampler drawing the index batches of ``minibatch_indices`` from ``generator``."""
-
-    def __init__(self, n, batch_size, generator):
-        self.n, self.batch_size, self.generator = n, batch_size, generator
-
-    def __iter__(self):
-        # min_size=1: the loader path merges a one-row batch itself (batch-norm networks)
-        for idx in minibatch_indices(self.n, self.batch_size, generator=self.generator):
-            yield idx.tolist()
 
 
 def _loader(*tensors, batch_size=16, shuffle=False, seed=0):
@@ -79,7 +66,7 @@ def _model(dtype=torch.float64, batch_norm=False, kind="gaussian", rank=3, seed=
 class TestTrainSGDTrajectory:
     @pytest.mark.parametrize("batch_norm", [False, True])
     @pytest.mark.parametrize("collect_every", [None, 3])
-    def test_loader_matches_tensors(self, batch_norm, collect_every):
+    def test_loader_matches_tensors(self, same_order_sampler, batch_norm, collect_every):
         # 61 rows, batches of 10: a last batch of one row (merged for batch norm)
         x, y = _regression(torch.float32, n=61)
         runs = []
@@ -92,7 +79,9 @@ class TestTrainSGDTrajectory:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if use_loader:
-                    dl = DataLoader(TensorDataset(x, y), batch_sampler=_SameOrder(61, 10, g))
+                    dl = DataLoader(
+                        TensorDataset(x, y), batch_sampler=same_order_sampler(61, 10, g)
+                    )
                     traj = train_sgd_trajectory(net, dl, None, lik, **kw)
                 else:
                     traj = train_sgd_trajectory(net, x, y, lik, batch_size=10, generator=g, **kw)

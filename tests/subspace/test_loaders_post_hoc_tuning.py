@@ -12,7 +12,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpext.errors import InputDataError, InputTypeError
-from gpext.fit import minibatch_indices
 from gpext.subspace import (
     SWAG,
     FlatParameters,
@@ -27,17 +26,6 @@ from gpext.subspace import (
     select_temperature,
     train_sgd_trajectory,
 )
-
-
-class _SameOrder:
-    """Batch sampler drawing the index batches of ``minibatch_indices`` from ``generator``."""
-
-    def __init__(self, n, batch_size, generator):
-        self.n, self.batch_size, self.generator = n, batch_size, generator
-
-    def __iter__(self):
-        for idx in minibatch_indices(self.n, self.batch_size, generator=self.generator):
-            yield idx.tolist()
 
 
 def _loader(*tensors, batch_size=16, shuffle=False):
@@ -76,7 +64,7 @@ def _collect(net, x, y, lik, **kw):
 
 # ---------------------------------------------------------------- collect_from_pretrained
 class TestCollectFromPretrainedLoaders:
-    def test_loader_in_the_same_order_gives_the_tensor_trajectory(self):
+    def test_loader_in_the_same_order_gives_the_tensor_trajectory(self, same_order_sampler):
         net, x, y = _pretrained()
         trajs = []
         for use_loader in (False, True):
@@ -84,7 +72,7 @@ class TestCollectFromPretrainedLoaders:
             work.load_state_dict(net.state_dict())
             lik = OutputLikelihood("gaussian", noise_variance=0.05)
             if use_loader:
-                sampler = _SameOrder(64, 10, torch.Generator().manual_seed(3))
+                sampler = same_order_sampler(64, 10, torch.Generator().manual_seed(3))
                 dl = DataLoader(TensorDataset(x, y), batch_sampler=sampler)
                 trajs.append(_collect(work, dl, None, lik, epochs=4, lr=1e-2))
             else:
