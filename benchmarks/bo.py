@@ -388,9 +388,9 @@ CONFIG_KEYS = ("quick", "iterations", "num_restarts", "raw_samples", "maxiter")
 
 
 def code_version() -> str:
-    """The commit the runs were made with (``+dirty`` with uncommitted changes), recorded in
-    every run so that results combined from pieces run at different times say which code made
-    them; ``"unknown"`` outside a git checkout."""
+    """The commit the runs were made with (``+dirty`` with uncommitted changes outside
+    ``benchmarks/results``), recorded in every run so that results combined from pieces run
+    at different times say which code made them; ``"unknown"`` outside a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -401,7 +401,9 @@ def code_version() -> str:
 
     try:
         sha = git("rev-parse", "--short=10", "HEAD").strip()
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        # results files being written (e.g. another piece's --partial file) are not code
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                    ":(exclude)benchmarks/results")  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("+dirty" if dirty.strip() else "")

@@ -70,7 +70,7 @@ def posthoc_member(
         x[fit],
         y[fit],
         likelihood,
-        epochs=config.budget(COLLECT_EPOCHS, COLLECT_EPOCHS),
+        epochs=COLLECT_EPOCHS,  # the same in quick mode: RANK deviations are needed
         generator=gen,
         show_progress=config.show_progress,
     )

@@ -1083,8 +1083,9 @@ class IncrementalKPCA(torch.nn.Module):
         self._m = end
 
     def _degenerate_in_batch(self, cols: torch.Tensor, m: int) -> list[tuple[int, str, float]]:
-        """The degenerate-point checks of :meth:`_add_point` for a batch: ``(index, kind,
-        value)`` in order, point ``i`` checked against the ``m + i`` points stored before it.
+        """The degenerate-point checks of both paths (one point in :meth:`_add_point`, a batch
+        in :meth:`_store_points`): ``(index, kind, value)`` in order, point ``i`` of the
+        ``(m + n, n)`` kernel columns checked against the ``m + i`` points stored before it.
 
         One host synchronisation when nothing is degenerate (the usual case); the reports
         are assembled only when some point is.
@@ -1127,48 +1128,35 @@ class IncrementalKPCA(torch.nn.Module):
                 out.append((m + i, "centered_self_similarity_zero", float(k_c[i])))
         return out
 
-    def _add_point(self, x: torch.Tensor, eigen: bool = True) -> None:
-        """Add one point; with ``eigen=False`` only the statistics (a batch eigh follows)."""
+    def _add_point(self, x: torch.Tensor) -> None:
+        """Add one point by Algorithm 3's rank-one updates (the degenerate-point checks are
+        :meth:`_degenerate_in_batch`'s, shared with the batch path)."""
         m = self.num_points
         # The point goes into the storage row after the data first (not yet counted: the
         # state is unchanged until the end), so one kernel call gives k(X, x) and k(x, x).
         if m == self._store.shape[0] or self._store.shape[-1] != x.shape[-1]:
             self._grow(max(2 * m, 4), x.shape[-1])
         self._store[m] = x[0]
-        col = self._kernel(self._store[: m + 1], x).reshape(m + 1)
+        col = self._kernel(self._store[: m + 1], x)  # shape: (m + 1, 1)
+        if not bool(torch.isfinite(col).all()):
+            check_finite(col, "IncrementalKPCA.kernel(X, x)")
+        reports = self._degenerate_in_batch(col, m)
+        for index, kind, value in reports:  # raises before any change with "raise"
+            self._report(kind, value, index)
+        # zero (centred) self-similarity: appended without dividing by it
+        degenerate = any(kind != "duplicate" for _, kind, _ in reports)
+        col = col.reshape(m + 1)
         a, k = col[:m], col[m]
-        check_finite(k, "IncrementalKPCA.kernel(x, x)")
-        check_finite(a, "IncrementalKPCA.kernel(X, x)")
-        scale = max(float(self._diag.abs().max()) if m else 0.0, abs(float(k)))
-        tol = self.degenerate_rtol * scale
-        degenerate = False
-        if float(k) <= tol:
-            self._report("zero_self_similarity", float(k), m)
-            degenerate = True
-        elif m:
-            root = k.sqrt() * self._diag.clamp(min=0).sqrt()  # no overflow of k * diag
-            cos = a / root.clamp(min=torch.finfo(self.dtype).tiny)
-            j = int(cos.argmax())
-            if float(cos[j]) >= 1 - self.degenerate_rtol:
-                self._report("duplicate", float(j), m)
         a_sum = a.sum()
-        if self.centered and eigen and m and self._null is not None:
-            k_c = k - 2 * (a_sum + k) / (m + 1) + (self._total + 2 * a_sum + k) / (m + 1) ** 2
-            if not degenerate and float(k_c) <= tol:
-                self._report("centered_self_similarity_zero", float(k_c), m)
-                degenerate = True
+        if self.centered and m and self._null is not None:
             self._add_centered(a, k, a_sum, degenerate)
         elif self.centered:
             # A single centred point is the zero vector: append (0, e_1) as is.
-            a_c, k_c = self._recenter(a, k, a_sum, eigen) if m else (a, k.new_zeros(()))
-            if m and not degenerate and float(k_c) <= tol:
-                self._report("centered_self_similarity_zero", float(k_c), m)
-                degenerate = True
-            if eigen:
-                self._append(a_c, k_c, degenerate)
-                if m == 0 and self.max_components is None:
-                    self._null, self._null_sign = 0, 1.0  # the basis is [1]
-        elif eigen:
+            a_c, k_c = self._recenter(a, k, a_sum) if m else (a, k.new_zeros(()))
+            self._append(a_c, k_c, degenerate)
+            if m == 0 and self.max_components is None:
+                self._null, self._null_sign = 0, 1.0  # the basis is [1]
+        else:
             self._append(a, k, degenerate)
         self._grow_gram(m + 1)
         if self._gram is not None:
@@ -1182,10 +1170,9 @@ class IncrementalKPCA(torch.nn.Module):
         self._truncate()
 
     def _recenter(
-        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor, eigen: bool = True
+        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Re-centre the old block (two updates unless ``eigen=False``) and return the new
-        centred column."""
+        """Re-centre the old block (two rank-one updates) and return the new centred column."""
         m = self.num_points
         r, total = self._row_sums, self._total
         new_total = total + 2 * a_sum + k
@@ -1194,7 +1181,7 @@ class IncrementalKPCA(torch.nn.Module):
         s_new = new_total / (m + 1) ** 2
         # Entry (i, j) of the old centred block changes by u_i + u_j.
         u = (r / m - mu_new) + 0.5 * (s_new - total / m**2)
-        unorm = _norm(u) if eigen else u.new_zeros(())
+        unorm = _norm(u)
         if float(unorm) > 0.0:
             t = (unorm / math.sqrt(m)).sqrt()
             ones = torch.full_like(u, float(t))
