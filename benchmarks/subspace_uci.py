@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 from _common import RESULTS, base_parser, out_dir
 
+import gpext_bench.methods_multi  # noqa: F401  (subspace posteriors of several runs, mixed)
 import gpext_bench.methods_peers  # noqa: F401  (registers the peer arms)
 import gpext_bench.methods_posthoc  # noqa: F401  (post-hoc subspaces of pretrained networks)
 import gpext_bench.methods_subspace  # noqa: F401  (registers the methods)
@@ -90,8 +91,11 @@ TUNED_METHODS = (
 GLM_METHODS = ("pca_vi_glm", "inkpca_vi_glm", "pca_ess_glm", "inkpca_ess_glm")
 # gpext's post-hoc recipe on the peers' MAP networks (gpext_bench/methods_posthoc.py)
 POSTHOC_METHODS = ("posthoc_pca_ess", "posthoc_ensemble_pca_ess")
+# one subspace posterior per MultiSWAG component run, mixed (gpext_bench/methods_multi.py)
+MULTI_METHODS = ("multi_pca_ess", "multi_pca_vi", "multi_inkpca_ess", "multi_inkpca_vi")
 # issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
 PEER_METHODS = ("map_laplace_kron", "map_laplace_last_layer", "deep_ensemble", "multiswag")
+ALL_METHODS = METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + MULTI_METHODS + PEER_METHODS
 PROTOCOL = (
     "One heteroscedastic MLP (one hidden layer of 50 units) per split is trained on all training "
     "rows by SGD (momentum 0.9) with one of two recipes, chosen per split on validation rows: "
@@ -143,12 +147,16 @@ PROTOCOL = (
     "the one-epoch rule, learned homoscedastic noise; a rank-20 PCA subspace; ESS with the "
     "temperature and variance scale chosen by select_temperature on the 10% it was "
     "early-stopped on; 30 draws); posthoc_ensemble_pca_ess does so for each of the deep "
-    "ensemble's 5 networks and averages the 5 posteriors with equal weights."
+    "ensemble's 5 networks and averages the 5 posteriors with equal weights. Multi-run "
+    "subspaces (gpext_bench/methods_multi.py): multi_{pca,inkpca}_{ess,vi} build the subspace "
+    "posterior of each of MultiSWAG's 3 runs (the same runs), at the temperature exponent the "
+    "shared run's validation search chose for that subspace, and average the 3 posteriors "
+    "(30 draws each) with equal weights."
 )
 SUBSPACE_METHODS = (
     "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS,
     "swag_tuned", "swag_tuned_homo", "pca_ess_homo", "pca_ess_auto", "swag_tuned_auto",
-    *POSTHOC_METHODS,
+    *POSTHOC_METHODS, *MULTI_METHODS,
 )  # fmt: skip
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
 PUBLISHED_LL = {
@@ -277,7 +285,11 @@ def summarise(rows: list[dict], datasets: list[str]) -> tuple[list[dict], dict, 
     # and VI methods of a subspace share the choice)
     temps: dict[str, dict[str, dict[str, int]]] = {}
     for row in rows:
-        if row["method"].endswith("_ess") and "temperature_exponent" in row:
+        if (
+            row["method"].endswith("_ess")
+            and not row["method"].startswith("multi_")  # the shared run's choice, again
+            and "temperature_exponent" in row
+        ):
             e = f"e={row['temperature_exponent']:.1f}"
             counts = temps.setdefault(row["dataset"], {}).setdefault(row["method"][:-4], {})
             counts[e] = counts.get(e, 0) + 1
@@ -350,7 +362,7 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=None,
-        choices=METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + PEER_METHODS,
+        choices=ALL_METHODS,
         help="run only these methods (default: all, the peer arms included)",
     )
     parser.add_argument(
@@ -388,9 +400,7 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
-        methods = args.methods or (
-            METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + PEER_METHODS
-        )
+        methods = args.methods or (ALL_METHODS)
         run = run_benchmark(
             datasets, methods, config=config, data_dir=args.data_dir, splits=indices,
             log=None if sys.stderr.isatty() else sys.stderr,  # one line per fit when piped

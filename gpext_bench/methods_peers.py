@@ -55,6 +55,7 @@ __all__ = [
     "fit_predict_multiswag",
     "map_holdout",
     "map_member",
+    "component_runs",
     "member_seed",
     "train_map_network",
 ]
@@ -73,6 +74,8 @@ VALIDATION_FRACTION = 0.1
 
 # the MAP networks of the last split: {member index: (net, noise variance, seconds)}
 _MAP_CACHE: dict = {}
+# the extra SGD runs of the last split (MultiSWAG's and the multi_* arms' components)
+_RUN_CACHE: dict = {}
 
 
 def member_seed(config: BenchConfig, split: DatasetSplit, member: int) -> int:
@@ -259,6 +262,39 @@ def fit_predict_deep_ensemble(split: DatasetSplit, config: BenchConfig) -> Predi
     )
 
 
+def component_runs(split: DatasetSplit, config: BenchConfig) -> list:
+    """The :data:`MULTISWAG_COMPONENTS` independent SGD runs of a split (cached per split).
+
+    The first is the run the subspace methods share
+    (:func:`gpext_bench.methods_subspace.fit_subspace_run`, recipe chosen on validation rows);
+    the others train the same network with that recipe on all training rows from other seeds
+    (:func:`member_seed` of members 1001, 1002, ...). MultiSWAG and the ``multi_*`` arms of
+    ``gpext_bench/methods_multi.py`` share them, so each is trained once.
+    """
+    from gpext_bench import methods_subspace as ms
+
+    run = ms.fit_subspace_run(split, config)
+    key = (split.name, split.split_index, split.num_train, config.seed, config.quick, config.dtype)
+    if _RUN_CACHE.get("key") != key:
+        _RUN_CACHE.clear()
+        _RUN_CACHE["key"] = key
+        _RUN_CACHE["runs"] = []
+    extras = _RUN_CACHE["runs"]
+    x = split.train_x.to(config.device, config.dtype)
+    y = split.train_y.to(config.device, config.dtype)
+    for k in range(len(extras) + 1, MULTISWAG_COMPONENTS):
+        extras.append(
+            ms._train_run(  # the shared run's recipe, another seed
+                (x, y, x[:0], y[:0]),
+                run.recipe,
+                run.rank,
+                member_seed(config, split, 1000 + k),
+                config,
+            )  # fmt: skip
+        )
+    return [run, *extras]
+
+
 @register_method(
     "multiswag",
     task="regression",
@@ -270,22 +306,18 @@ def fit_predict_multiswag(split: DatasetSplit, config: BenchConfig) -> Predictio
     """MultiSWAG over independent runs of the subspace methods' network and recipe."""
     from gpext_bench import methods_subspace as ms
 
-    run = ms.fit_subspace_run(split, config)
+    runs = component_runs(split, config)
+    run = runs[0]
     t0 = time.perf_counter()
-    x = split.train_x.to(config.device, config.dtype)
-    y = split.train_y.to(config.device, config.dtype)
-    swags = [SWAG.from_trajectory(run.trajectory)]
-    for k in range(1, MULTISWAG_COMPONENTS):
-        extra = ms._train_run(  # the shared run's recipe, another seed
-            (x, y, x[:0], y[:0]), run.recipe, run.rank, member_seed(config, split, 1000 + k), config
-        )
-        swags.append(SWAG.from_trajectory(extra.trajectory))
+    swags = [SWAG.from_trajectory(r.trajectory) for r in runs]
     gen = torch.Generator().manual_seed(member_seed(config, split, 0))
     w = MultiSWAG(swags).sample(MULTISWAG_SAMPLES, scale=0.5, generator=gen)
     pred = predict_weight_samples(
         run.net, w, split.test_x.to(config.device, config.dtype), ms._LIKELIHOOD
     )
-    seconds = run.train_seconds + run.selection_seconds(None) + time.perf_counter() - t0
+    seconds = (
+        sum(r.train_seconds for r in runs) + run.selection_seconds(None) + time.perf_counter() - t0
+    )
     return Prediction(
         mixture_means=pred["means"].detach().double().cpu(),
         mixture_variances=pred["variances"].detach().double().cpu(),

@@ -136,6 +136,7 @@ __all__ = [
     "fit_predict_pca_ess_homo",
     "fit_predict_pca_vi",
     "fit_predict_sgd",
+    "subspace_posterior_predict",
     "fit_predict_swa",
     "fit_predict_swa_homo",
     "fit_predict_swag",
@@ -751,6 +752,51 @@ def _projection(run: SubspaceRun, subspace: str, config: BenchConfig) -> torch.T
     raise InputDataError(expected_got("subspace", "'pca' or 'inkpca'", subspace))
 
 
+def subspace_posterior_predict(
+    run: SubspaceRun,
+    subspace: str,
+    inference: str,
+    exponent: float,
+    test_x: torch.Tensor,
+    config: BenchConfig,
+    generator: torch.Generator,
+) -> tuple[dict[str, torch.Tensor], float, int]:
+    """30 posterior draws of a subspace of ``run`` at ``T = (N / rank)^exponent`` and their
+    test predictions.
+
+    Args:
+        run: A trained run (its trajectory, InKPCA state and training rows).
+        subspace: ``"pca"`` or ``"inkpca"``.
+        inference: ``"ess"`` (elliptical slice sampling) or ``"vi"`` (mean-field VI).
+        exponent: Temperature exponent.
+        test_x: Inputs to predict. # shape: (M, D)
+        config: Benchmark settings.
+        generator: Random state of the sampler.
+
+    Returns:
+        ``(prediction, temperature, rank)``: :meth:`SubspaceModel.predict`'s ``means`` and
+        ``variances`` (shapes ``(30, M)``), the temperature and the subspace rank.
+    """
+    proj = _projection(run, subspace, config)
+    temperature, model = _tempered_model(run, proj, exponent)
+    if inference == "ess":
+        thetas = _ess_draws(model, run, config, generator)
+    elif inference == "vi":
+        model.fit_vi(
+            run.x,
+            run.y,
+            num_steps=config.budget(200, 400),
+            lr=2e-2,
+            batch_size=VI_BATCH_SIZE,
+            generator=generator,
+            show_progress=config.show_progress,
+        )
+        thetas = model.sample_vi(30, generator=generator)
+    else:
+        raise InputDataError(expected_got("inference", "'ess' or 'vi'", inference))
+    return model.predict(test_x, thetas), temperature, int(proj.shape[0])
+
+
 def _subspace_method(
     split: DatasetSplit,
     config: BenchConfig,
@@ -760,28 +806,20 @@ def _subspace_method(
 ) -> Prediction:
     run = fit_subspace_run(split, config, likelihood=likelihood)
     t0 = time.perf_counter()
-    proj = _projection(run, subspace, config)
     exponent = run.temperature_exponent(subspace, config)
-    temperature, model = _tempered_model(run, proj, exponent)
-    gen = torch.Generator().manual_seed(config.seed)
-    if inference == "ess":
-        thetas = _ess_draws(model, run, config, gen)
-    else:
-        model.fit_vi(
-            run.x,
-            run.y,
-            num_steps=config.budget(200, 400),
-            lr=2e-2,
-            batch_size=VI_BATCH_SIZE,
-            generator=gen,
-            show_progress=config.show_progress,
-        )
-        thetas = model.sample_vi(30, generator=gen)
-    pred = model.predict(split.test_x.to(config.device, config.dtype), thetas)
+    pred, temperature, rank = subspace_posterior_predict(
+        run,
+        subspace,
+        inference,
+        exponent,
+        split.test_x.to(config.device, config.dtype),
+        config,
+        torch.Generator().manual_seed(config.seed),
+    )
     info = {
         # the validation search (training runs and ESS grids) is part of the cost
         **_info(run, t0, subspace),
-        "rank": int(proj.shape[0]),
+        "rank": rank,
         "temperature": temperature,
         "temperature_exponent": exponent,
     }

@@ -168,3 +168,37 @@ def test_summary_skips_methods_whose_fits_failed():
     ]  # fmt: skip
     _, _, _, _, paired = bench.summarise(rows, ["yacht"])
     assert (paired["yacht"]["gpext"], paired["yacht"]["peer"]) == ("pca_ess", "deep_ensemble")
+
+
+def test_multi_subspace_arms_mix_one_posterior_per_multiswag_run():
+    import gpext_bench.methods_multi  # noqa: F401  (registers the arms)
+    from gpext_bench import methods_subspace as ms
+    from gpext_bench.methods_peers import MULTISWAG_COMPONENTS, component_runs
+
+    split = load_dataset("diabetes", 0)
+    config = BenchConfig(quick=True, dtype=torch.float64)
+    pred = get_method("multi_inkpca_ess").fit_predict(split, config)
+    runs = component_runs(split, config)
+    assert len(runs) == MULTISWAG_COMPONENTS
+    # trained once per split: MultiSWAG and every multi_* arm see the same run objects
+    assert all(a is b for a, b in zip(runs, component_runs(split, config), strict=True))
+    assert runs[0] is ms.fit_subspace_run(split, config)
+    # independent runs: different seeds end at different SWA weights
+    swa = [r.trajectory.swa_weights() for r in runs]
+    assert not torch.allclose(swa[0], swa[1]) and not torch.allclose(swa[1], swa[2])
+    m = split.num_test
+    assert pred.mixture_means.shape == (30 * MULTISWAG_COMPONENTS, m)
+    assert torch.isfinite(pred.mixture_means).all() and (pred.mixture_variances > 0).all()
+    # each block of 30 draws is that run's own posterior at the shared run's temperature
+    exponent = runs[0].temperature_exponent("inkpca", config)
+    assert pred.info["temperature_exponent"] == exponent
+    for k, run in enumerate(runs):
+        block, _, _ = ms.subspace_posterior_predict(
+            run, "inkpca", "ess", exponent, split.test_x.double(), config,
+            torch.Generator().manual_seed(config.seed + 7919 * k),
+        )  # fmt: skip
+        torch.testing.assert_close(
+            pred.mixture_means[30 * k : 30 * (k + 1)], block["means"].double()
+        )
+    # the seconds count every component's training
+    assert pred.info["seconds"] >= sum(r.train_seconds for r in runs)
