@@ -56,8 +56,10 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
   - ``vboot_mlp``: ``VBootSurrogate`` of ``VBootMLP()`` (10 particles, 512-512, its default
     12 epochs);
   - ``swag``, ``multiswag``, ``pca_ess``, ``pca_vi``: ``fit_weight_ensemble(method=...)``
-    (heteroscedastic MLP with 50 hidden units, 200 SGD epochs of which the last 50 collect
-    weights, 16 samples; PCA rank 10; 3 MultiSWAG components);
+    (MLP with 50 hidden units and learned homoscedastic noise, which is the default without a
+    hold-out since 2026-11-26, the heteroscedastic MLP before (the runs' ``code`` field says
+    which); 200 SGD epochs of which the last 50 collect weights, 16 samples; PCA rank 10; 3
+    MultiSWAG components; the ensemble's spread calibrated by 5-fold cross-validation);
 
 * ``singletaskgp_constraints`` (``chartmann6`` only): BoTorch's own constraint mechanism, a
   reference for the classifier: ``qLogExpectedImprovement`` on a ``ModelListGP`` of the

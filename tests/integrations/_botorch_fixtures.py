@@ -114,10 +114,10 @@ def vboot_mlp(dtype: torch.dtype) -> VBootSurrogate:
 
 
 @functools.cache
-def weight_ensemble(dtype: torch.dtype, method: str = "swag"):
+def weight_ensemble(dtype: torch.dtype, method: str = "swag", likelihood: str = "auto"):
     x, y, _ = data(dtype)
     return fit_weight_ensemble(
-        x, y, method=method, num_samples=4, hidden_features=(8,), epochs=8, swa_epochs=4,
+        x, y, method=method, likelihood=likelihood, num_samples=4, hidden_features=(8,), epochs=8, swa_epochs=4,
         rank=2, num_components=2, generator=torch.Generator().manual_seed(0),
         calibrate=False,  # the tests compare with the members; calibration: own tests
     )  # fmt: skip

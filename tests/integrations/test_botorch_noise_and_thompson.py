@@ -92,7 +92,7 @@ class TestObservationNoise(BotorchTestCase):
 
     def test_heteroscedastic_weight_ensemble_adds_each_members_variance(self):
         for dtype in DTYPES:
-            base = weight_ensemble(dtype, "swag")
+            base = weight_ensemble(dtype, "swag", "heteroscedastic")
             self.assertEqual(base.likelihood.kind, "heteroscedastic_gaussian")
             model, _, sd = with_standardize(base)
             model.variance_scale = 2.5

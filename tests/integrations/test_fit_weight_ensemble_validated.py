@@ -1,6 +1,7 @@
 """fit_weight_ensemble's validated recipe: likelihood, recipe and SWAG scale on a hold-out."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -24,16 +25,44 @@ def test_small_designs_keep_the_defaults(dtype):
     x, y = _data(20, dtype)
     model = fit_weight_ensemble(x, y, generator=torch.Generator().manual_seed(0), **SMALL)
     sel = model.fit_selection
-    assert sel["likelihood"] == "heteroscedastic" and sel["swag_scale"] == 0.5
+    assert sel["likelihood"] == "homoscedastic" and sel["swag_scale"] == 0.5
     assert sel["scores"] == {} and sel["recipe"] == "given"
-    assert model.likelihood.kind == "heteroscedastic_gaussian"
-    homo = fit_weight_ensemble(x, y, likelihood="homoscedastic",
-                               generator=torch.Generator().manual_seed(0), **SMALL)  # fmt: skip
-    assert homo.likelihood.kind == "homoscedastic_gaussian"
-    assert homo.fit_selection["noise_variance"] == homo.likelihood.noise_variance > 0
-    post = homo.posterior(torch.rand(5, 2, dtype=dtype))
+    assert model.likelihood.kind == "homoscedastic_gaussian"
+    assert sel["noise_variance"] == model.likelihood.noise_variance > 0
+    post = model.posterior(torch.rand(5, 2, dtype=dtype))
     assert post.mean.shape == (5, 1) and post.mean.dtype == dtype
     assert bool(torch.isfinite(post.variance).all())
+    hetero = fit_weight_ensemble(x, y, likelihood="heteroscedastic",
+                                 generator=torch.Generator().manual_seed(0), **SMALL)  # fmt: skip
+    assert hetero.likelihood.kind == "heteroscedastic_gaussian"
+    assert "noise_variance" not in hetero.fit_selection
+
+
+def test_small_design_default_fits_its_points_where_heteroscedastic_collapses():
+    """Five noiseless points, one of them far from the rest (the exp2d design of
+    benchmarks/bo.py, seed 0): the default network fits them; the heteroscedastic one
+    explains them as noise (R^2 < 0.1 at the last SGD iterate) and says so."""
+    from gpext.errors import VarianceCollapseWarning
+
+    x = torch.tensor([[0.4751, 0.5925], [0.5788, 0.0371], [0.9507, 0.8623], [0.1205, 0.2614],
+                      [0.2149, 0.9742]], dtype=torch.float64)  # fmt: skip
+    raw = -2.0 + 8.0 * x  # exp2d's box [-2, 6]^2: -x1 exp(-x1^2 - x2^2), one point off zero
+    y = -raw[:, :1] * torch.exp(-raw.square().sum(-1, keepdim=True))
+    from botorch.models.transforms import Standardize
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = fit_weight_ensemble(x, y, outcome_transform=Standardize(1), calibrate=False,
+                                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert not [w for w in caught if issubclass(w.category, VarianceCollapseWarning)]
+    with torch.no_grad():
+        mean = model.posterior(x).mean
+    r2 = 1 - float((mean - y).square().sum() / (y - y.mean()).square().sum())
+    assert r2 > 0.8
+    with pytest.warns(VarianceCollapseWarning):
+        fit_weight_ensemble(x, y, outcome_transform=Standardize(1), calibrate=False,
+                            likelihood="heteroscedastic",
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["swag", "multiswag", "pca_ess"])
