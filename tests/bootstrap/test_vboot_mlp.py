@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpext.bootstrap import VBootMLP
-from gpext.errors import InputDataError, NotFittedError, ShapeError
+from gpext.errors import InputDataError, NotFittedError, ShapeError, VarianceCollapseWarning
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 
 
@@ -174,3 +174,27 @@ class TestVBootMLPErrors:
             a.predict_proba(torch.zeros(2, 5, dtype=torch.float64))
         with pytest.raises(InputDataError, match="classifier"):
             a.predict_mixture(x)
+
+
+class TestVBootMLPSmallData:
+    def test_default_epochs_give_at_least_the_minimum_number_of_steps(self):
+        from gpext.bootstrap.vboot_mlp import DEFAULT_EPOCHS, MIN_DEFAULT_STEPS
+
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(10, 2, generator=gen, dtype=torch.float64)
+        y = (6 * x).sin().sum(-1)
+        model = VBootMLP(3, (16, 16), noise=1e-3, seed=0, dtype=torch.float64)
+        result = model.fit(x, y)  # batch 256 > 10 rows: one full-batch step per epoch
+        assert len(result.losses) == MIN_DEFAULT_STEPS
+        with torch.no_grad():
+            mean = model(x).mean(0).squeeze(-1)
+        r2 = 1 - float((mean - y).square().sum() / (y - y.mean()).square().sum())
+        assert r2 > 0.9  # 12 steps left R^2 < 0 on such data
+        # large data keep 001's 12 epochs: 12 * (N // 256) >= MIN_DEFAULT_STEPS
+        n = 256 * math.ceil(MIN_DEFAULT_STEPS / DEFAULT_EPOCHS)
+        xl = torch.rand(n, 2, generator=gen, dtype=torch.float64)
+        big = VBootMLP(1, (4,), noise=1e-2, seed=0, dtype=torch.float64)
+        assert len(big.fit(xl, xl.sum(-1)).losses) == DEFAULT_EPOCHS
+        # an explicit number of epochs is kept (3 steps: too few, and it says so)
+        with pytest.warns(VarianceCollapseWarning):
+            assert len(model.fit(x, y, num_epochs=3).losses) == 3

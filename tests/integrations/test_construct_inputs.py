@@ -6,6 +6,7 @@ BoTorch only; the Ax run itself is in ``test_ax_integration.py``.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 
 import pytest
@@ -233,3 +234,48 @@ def test_fit_ax_surrogate_defaults_and_options(monkeypatch):
         __import__("sys").modules, "ax.generators.torch.botorch_modular.utils", raising=False
     )
     assert register_ax_fit_if_loaded() is False
+
+
+FIT_KW_RFF = {"num_features": 32, "num_particles": 4, "hyper_iters": 5}
+
+
+def test_vboot_mlp_small_designs_get_a_small_network_and_calibration():
+    from gpext.integrations.botorch.vboot_surrogate import SMALL_DESIGN_HIDDEN_SIZES
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(12, 2, dtype=torch.float64, generator=gen)
+    y = (6 * x).sin().sum(-1, keepdim=True)
+    data = SupervisedDataset(x, y, feature_names=["a", "b"], outcome_names=["y"])
+    inputs = VBootSurrogate.construct_inputs(data, ensemble="mlp", num_particles=3)
+    assert isinstance(inputs["model"], VBootMLP)
+    assert inputs["model"].hidden_sizes == SMALL_DESIGN_HIDDEN_SIZES
+    xl = torch.rand(250, 2, dtype=torch.float64, generator=gen)
+    large = SupervisedDataset(xl, xl.sum(-1, keepdim=True), feature_names=["a", "b"],
+                              outcome_names=["y"])  # fmt: skip
+    assert VBootSurrogate.construct_inputs(large, ensemble="mlp")["model"].hidden_sizes == (
+        512,
+        512,
+    )
+    model = fit_gpext_surrogate(VBootSurrogate(**inputs, outcome_transform=Standardize(1)),
+                                num_epochs=50)  # fmt: skip
+    cal = model.variance_calibration
+    assert cal is not None and cal.num_folds == 5 and cal.scale >= 1.0
+    assert model.epistemic_scale == cal.scale
+    # the calibrated spread is the members' spread about their mean times sqrt(kappa)
+    xq = torch.rand(7, 2, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        members = model.model(model.transform_inputs(xq))[..., 0]  # (S, 7), standardised
+        values = model.posterior(xq.unsqueeze(0)).values[0, :, :, 0]  # (S, 7), original units
+    sd = model.outcome_transform.stdvs.squeeze()
+    torch.testing.assert_close(
+        values.std(0), members.std(0) * sd * math.sqrt(cal.scale), rtol=1e-6, atol=1e-9
+    )
+    plain = fit_gpext_surrogate(
+        VBootSurrogate(**VBootSurrogate.construct_inputs(data, ensemble="mlp", num_particles=3)),
+        num_epochs=50, calibrate=False,
+    )  # fmt: skip
+    assert plain.variance_calibration is None and plain.epistemic_scale == 1.0
+    # calibration is available for the RFF ensemble too (it was an AttributeError)
+    rff = VBootSurrogate(**VBootSurrogate.construct_inputs(data, **FIT_KW_RFF))
+    rff = fit_gpext_surrogate(rff, calibrate=True)
+    assert rff.variance_calibration.num_folds == 5

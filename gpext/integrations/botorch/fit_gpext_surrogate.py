@@ -55,8 +55,9 @@ def fit_gpext_surrogate(
     (:func:`~gpext.integrations.botorch.cross_validated_variance_scale`; for ensembles the
     members are spread about their mean, for :class:`IGNSurrogate` the kernel's outputscale
     is scaled, which scales its posterior covariance exactly).  It costs ``calibration_folds``
-    extra fits.  The default (``None``) calibrates :class:`IGNSurrogate` on designs of fewer
-    than :data:`~gpext.fit.AUTO_VALIDATION_MIN_POINTS` points and nothing else; a
+    extra fits.  The default (``None``) calibrates :class:`IGNSurrogate` and a
+    :class:`VBootSurrogate` of a ``VBootMLP`` regression ensemble on designs of fewer than
+    :data:`~gpext.fit.AUTO_VALIDATION_MIN_POINTS` points and nothing else; a
     :class:`WeightEnsembleSurrogate` built from data is calibrated by
     :func:`~gpext.integrations.botorch.fit_weight_ensemble` itself (``calibrate`` and
     ``calibration_folds`` are passed on when given).  The result is in

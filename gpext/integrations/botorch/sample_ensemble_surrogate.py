@@ -182,6 +182,11 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
     def _members(self, X: torch.Tensor) -> torch.Tensor:
         """Member outputs ``(S, N, m)`` at inputs ``(N, d)``."""
 
+    def _fold_copy(self, num_rows: int) -> SampleEnsembleSurrogate:
+        """An unfitted copy of this adapter to fit on ``num_rows`` rows (calibration folds of
+        :func:`~gpext.integrations.botorch.fit_gpext_surrogate`)."""
+        return copy.deepcopy(self)
+
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         raise NotFittedError(
             f"{type(self).__name__}: fit_gpext_surrogate does not support this adapter; build "
