@@ -53,8 +53,11 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
   - ``gwi``: ``GWISurrogate`` built by ``GWIRegressionModel.from_data`` at the fit, 200 epochs;
   - ``vboot_rff``: ``VBootSurrogate`` of ``VBootRFF(num_features=512, num_particles=32)``
     (kernel hyperparameters fitted with the ensemble);
-  - ``vboot_mlp``: ``VBootSurrogate`` of ``VBootMLP()`` (10 particles, 512-512, its default
-    12 epochs);
+  - ``vboot_mlp``: ``VBootSurrogate`` of ``VBootMLP()`` (10 particles) as its
+    ``construct_inputs`` builds it: 64-64 hidden units below 200 points, at least 500 Adam
+    steps, the particles' spread calibrated by 5-fold cross-validation (since 2026-11-26;
+    before: 512-512 and 12 epochs, i.e. 12 full-batch steps, uncalibrated; the runs' ``code``
+    field says which);
   - ``swag``, ``multiswag``, ``pca_ess``, ``pca_vi``: ``fit_weight_ensemble(method=...)``
     (MLP with 50 hidden units and learned homoscedastic noise, which is the default without a
     hold-out since 2026-11-26, the heteroscedastic MLP before (the runs' ``code`` field says
