@@ -400,7 +400,7 @@ def main() -> None:
             parser.error("--first-split and --splits must give at least one split index >= 0")
         quick, command = args.quick, invocation()
         indices = list(range(args.first_split, args.first_split + splits))
-        methods = args.methods or (ALL_METHODS)
+        methods = args.methods or ALL_METHODS
         run = run_benchmark(
             datasets, methods, config=config, data_dir=args.data_dir, splits=indices,
             log=None if sys.stderr.isatty() else sys.stderr,  # one line per fit when piped

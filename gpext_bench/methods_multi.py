@@ -91,29 +91,33 @@ def multi_subspace_prediction(
     )
 
 
-def _register(name: str, subspace: str, inference: str):
-    label = {"pca": "PCA", "inkpca": "InKPCA"}[subspace] + " + " + inference.upper()
-
-    @register_method(
-        name,
-        task="regression",
-        description=f"{label} on each of {peers.MULTISWAG_COMPONENTS} SGD runs of gpext's "
-        "recipe, mixture",
-        default=False,
-    )
-    def fit_predict(split: DatasetSplit, config: BenchConfig) -> Prediction:
-        return multi_subspace_prediction(split, config, subspace, inference)
-
-    fit_predict.__name__ = f"fit_predict_{name}"
-    fit_predict.__qualname__ = fit_predict.__name__
-    fit_predict.__doc__ = (
-        f"Equal-weight mixture of the {label} posteriors of the component runs "
-        "(:func:`multi_subspace_prediction`)."
-    )
-    return fit_predict
+def _description(label: str) -> str:
+    return f"{label} on each of {peers.MULTISWAG_COMPONENTS} SGD runs of gpext's recipe, mixture"
 
 
-fit_predict_multi_pca_ess = _register("multi_pca_ess", "pca", "ess")
-fit_predict_multi_pca_vi = _register("multi_pca_vi", "pca", "vi")
-fit_predict_multi_inkpca_ess = _register("multi_inkpca_ess", "inkpca", "ess")
-fit_predict_multi_inkpca_vi = _register("multi_inkpca_vi", "inkpca", "vi")
+@register_method("multi_pca_ess", task="regression", description=_description("PCA + ESS"),
+                 default=False)  # fmt: skip
+def fit_predict_multi_pca_ess(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """Mixture of the component runs' PCA + ESS posteriors."""
+    return multi_subspace_prediction(split, config, "pca", "ess")
+
+
+@register_method("multi_pca_vi", task="regression", description=_description("PCA + VI"),
+                 default=False)  # fmt: skip
+def fit_predict_multi_pca_vi(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """Mixture of the component runs' PCA + VI posteriors."""
+    return multi_subspace_prediction(split, config, "pca", "vi")
+
+
+@register_method("multi_inkpca_ess", task="regression", description=_description("InKPCA + ESS"),
+                 default=False)  # fmt: skip
+def fit_predict_multi_inkpca_ess(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """Mixture of the component runs' InKPCA + ESS posteriors."""
+    return multi_subspace_prediction(split, config, "inkpca", "ess")
+
+
+@register_method("multi_inkpca_vi", task="regression", description=_description("InKPCA + VI"),
+                 default=False)  # fmt: skip
+def fit_predict_multi_inkpca_vi(split: DatasetSplit, config: BenchConfig) -> Prediction:
+    """Mixture of the component runs' InKPCA + VI posteriors."""
+    return multi_subspace_prediction(split, config, "inkpca", "vi")
