@@ -93,9 +93,19 @@ GLM_METHODS = ("pca_vi_glm", "inkpca_vi_glm", "pca_ess_glm", "inkpca_ess_glm")
 POSTHOC_METHODS = ("posthoc_pca_ess", "posthoc_ensemble_pca_ess")
 # one subspace posterior per MultiSWAG component run, mixed (gpext_bench/methods_multi.py)
 MULTI_METHODS = ("multi_pca_ess", "multi_pca_vi", "multi_inkpca_ess", "multi_inkpca_vi")
+# the same mixtures with the temperature chosen for the mixture on the validation rows
+MIXTURE_T_METHODS = tuple(f"{name}_mix_t" for name in MULTI_METHODS)
 # issue 22's peers, on the same splits (gpext_bench/methods_peers.py)
 PEER_METHODS = ("map_laplace_kron", "map_laplace_last_layer", "deep_ensemble", "multiswag")
-ALL_METHODS = METHODS + TUNED_METHODS + GLM_METHODS + POSTHOC_METHODS + MULTI_METHODS + PEER_METHODS
+ALL_METHODS = (
+    METHODS
+    + TUNED_METHODS
+    + GLM_METHODS
+    + POSTHOC_METHODS
+    + MULTI_METHODS
+    + MIXTURE_T_METHODS
+    + PEER_METHODS
+)
 PROTOCOL = (
     "One heteroscedastic MLP (one hidden layer of 50 units) per split is trained on all training "
     "rows by SGD (momentum 0.9) with one of two recipes, chosen per split on validation rows: "
@@ -151,12 +161,16 @@ PROTOCOL = (
     "subspaces (gpext_bench/methods_multi.py): multi_{pca,inkpca}_{ess,vi} build the subspace "
     "posterior of each of MultiSWAG's 3 runs (the same runs), at the temperature exponent the "
     "shared run's validation search chose for that subspace, and average the 3 posteriors "
-    "(30 draws each) with equal weights."
+    "(30 draws each) with equal weights; the *_mix_t variants choose the exponent for the "
+    "mixture instead (gpext.subspace.select_mixture_temperature): the 3 runs are repeated on "
+    "the fit rows of the validation search (the chosen recipe, the same seeds), ESS draws 30 "
+    "samples per run at every exponent, and the exponent whose pooled draws score best on the "
+    "validation rows is used by the full-data runs."
 )
 SUBSPACE_METHODS = (
     "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS,
     "swag_tuned", "swag_tuned_homo", "pca_ess_homo", "pca_ess_auto", "swag_tuned_auto",
-    *POSTHOC_METHODS, *MULTI_METHODS,
+    *POSTHOC_METHODS, *MULTI_METHODS, *MIXTURE_T_METHODS,
 )  # fmt: skip
 # drbayes (Izmailov, Maddox et al. 2019) published test log-likelihood: PCA+ESS, PCA+VI, SWAG
 PUBLISHED_LL = {

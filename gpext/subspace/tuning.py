@@ -23,6 +23,8 @@ the network.
   common random numbers (one draw, rescaled), optionally after the noise at the mean.
 * :func:`select_temperature`: the likelihood temperature of a
   :class:`~gpext.subspace.SubspaceModel` on :func:`temperature_grid`.
+* :func:`select_mixture_temperature`: one temperature exponent for an equal-weight mixture of
+  subspace posteriors over independent runs, scored on the pooled draws.
 * :func:`select_prior_std`: the prior scale :math:`\sigma_p` of a
   :class:`~gpext.subspace.SubspaceModel` (ESS per candidate).
 * :func:`select_likelihood`: homoscedastic (learned noise) or heteroscedastic Gaussian
@@ -35,7 +37,7 @@ the held-out rows only, and refine the grid by golden-section search
 
 Data loaders: every selection here that evaluates a network on the held-out rows
 (:func:`select_noise_variance`, :func:`select_swag_scale`, :func:`select_prior_std`,
-:func:`select_temperature`) also takes a loader of ``(x_b, y_b, ...)`` batches (e.g. a
+:func:`select_temperature`, :func:`select_mixture_temperature`) also takes a loader of ``(x_b, y_b, ...)`` batches (e.g. a
 :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) as ``x_val`` with
 ``y_val=None``, and the two that sample a subspace model a loader of training batches as ``x``
 with ``y=None``.  The loader is streamed: each pass evaluates every weight sample on one batch
@@ -84,6 +86,7 @@ __all__ = [
     "regression_network",
     "select_by_validation",
     "select_likelihood",
+    "select_mixture_temperature",
     "select_noise_variance",
     "select_prior_std",
     "select_swag_scale",
@@ -801,6 +804,161 @@ def select_temperature(
     sel = model.select_temperature(x, y, x_val, y_val, temps, **kwargs)
     details = {"variance_scale": model.variance_scale}
     return HyperparameterSelection(sel.temperature, sel.samples, sel.scores, "temperature", details)
+
+
+def select_mixture_temperature(
+    models: Sequence[SubspaceModel],
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
+    x_val: torch.Tensor | Iterable,
+    y_val: torch.Tensor | None,
+    exponents: Sequence[float] = TEMPERATURE_EXPONENTS,
+    *,
+    num_samples: int = 32,
+    burn_in: int = 32,
+    thin: int = 1,
+    method: str = "ess",
+    vi_steps: int = 1000,
+    generator: torch.Generator | None = None,
+) -> HyperparameterSelection:
+    r"""Choose one temperature exponent for an equal-weight mixture of subspace posteriors.
+
+    Model averaging over :math:`K` independent SGD runs (MultiSWAG's construction with a
+    subspace posterior per run) mixes posteriors whose spread was each tempered for one run;
+    the mixture adds the spread between the runs' modes, so a temperature chosen per run
+    (:func:`select_temperature`) makes the mixture too wide where the runs disagree. Here the
+    exponent :math:`e` of :math:`T_k = (N / r_k)^{e}` is chosen for the mixture itself: for
+    each :math:`e`, every model draws ``num_samples`` samples of its tempered posterior on
+    ``(x, y)`` (ESS, or the mean-field ``q`` of :meth:`SubspaceModel.fit_vi
+    <gpext.subspace.SubspaceModel.fit_vi>`), and the score is the held-out log density of the
+    pooled draws,
+
+    .. math::
+
+        \ell(e) = \frac1M \sum_{i=1}^M \log \frac1{K S} \sum_{k=1}^K \sum_{s=1}^S
+            p\big(y^{\text{val}}_i \mid x^{\text{val}}_i, \theta_{ks}; T_k(e)\big)
+
+    (:func:`validation_log_likelihood`). Every model's ``temperature`` is set to its
+    :math:`T_k` at the best :math:`e` (for ``method="vi"`` its ``variational`` is the ``q``
+    fitted there) and checked with :meth:`SubspaceModel.check_fit
+    <gpext.subspace.SubspaceModel.check_fit>`. The models' ``variance_scale`` is used as it
+    is (no calibration per candidate).  The runs must have been trained on ``(x, y)`` only, not
+    on the held-out rows; train the runs you will use on all rows afterwards with the same
+    recipe and seeds and reuse the exponent with the full :math:`N`.
+
+    Either pair may be a re-iterable loader of ``(x_b, y_b)`` batches in place of the tensors
+    (``y`` or ``y_val`` then ``None``), as for :func:`select_temperature`.
+
+    Args:
+        models: The mixture's :class:`~gpext.subspace.SubspaceModel` objects (at least one),
+            all trained on ``(x, y)``.
+        x: Training inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (N, ...)
+        y: Training targets (``None`` with a loader). # shape: (N,)
+        x_val: Held-out inputs, or a loader of ``(x_b, y_b)`` batches. # shape: (M, ...)
+        y_val: Held-out targets (``None`` with a loader). # shape: (M,)
+        exponents: The exponents :math:`e` (default :data:`TEMPERATURE_EXPONENTS`).
+        num_samples: Samples per model and candidate.
+        burn_in: ESS transitions discarded per model and candidate.
+        thin: ESS thinning.
+        method: ``"ess"`` or ``"vi"``.
+        vi_steps: ``num_steps`` of ``fit_vi`` per model and candidate (``method="vi"``).
+        generator: Random generator.
+
+    Returns:
+        A :class:`~gpext.fit.temperature.HyperparameterSelection` with ``parameter``
+        ``"temperature_exponent"``: ``value`` the exponent :math:`e`, ``samples`` the list of
+        every model's samples ``(S, r_k)`` at it, ``scores`` per exponent, ``details``
+        ``{"temperatures": [T_1, ..., T_K]}``.
+
+    Raises:
+        InputTypeError: If ``models`` is empty or holds anything but
+            :class:`~gpext.subspace.SubspaceModel` objects; for bad loaders.
+        InputDataError: For non-finite exponents, an unknown ``method``, non-finite data, or
+            if every candidate scores :math:`-\infty` (the temperatures are then restored).
+        ShapeError: If inputs and targets disagree.
+
+    Example:
+        >>> from gpext.subspace import OutputLikelihood
+        >>> torch.manual_seed(0)
+        <torch._C.Generator object at ...>
+        >>> x = torch.randn(40, 2)
+        >>> y = x[:, 0] + 0.1 * torch.randn(40)
+        >>> nets = [MLP(2, [8], 1) for _ in range(2)]
+        >>> models = [SubspaceModel(net, torch.nn.utils.parameters_to_vector(net.parameters()),
+        ...                         torch.randn(3, 33), OutputLikelihood("gaussian"))
+        ...           for net in nets]
+        >>> sel = select_mixture_temperature(models, x[:30], y[:30], x[30:], y[30:],
+        ...                                  (0.0, 1.0), num_samples=4, burn_in=2)
+        >>> sel.value in (0.0, 1.0), len(sel.samples), sel.samples[0].shape
+        (True, 2, torch.Size([4, 3]))
+    """
+    models = list(models) if isinstance(models, (list, tuple)) else models
+    if (
+        not isinstance(models, list)
+        or not models
+        or not all(isinstance(m, SubspaceModel) for m in models)
+    ):
+        got = type(models).__name__ if not isinstance(models, list) else [
+            type(m).__name__ for m in models]  # fmt: skip
+        raise InputTypeError(
+            expected_got("select_mixture_temperature.models",
+                         "a non-empty list or tuple of SubspaceModel objects", got)
+        )  # fmt: skip
+    if method not in ("ess", "vi"):
+        raise InputDataError(
+            expected_got("select_mixture_temperature.method", "'ess' or 'vi'", method)
+        )
+    exps = [float(e) for e in exponents]
+    if not exps or not all(math.isfinite(e) for e in exps):
+        raise InputDataError(
+            expected_got("select_mixture_temperature.exponents", "one or more finite numbers",
+                         exponents)
+        )  # fmt: skip
+    where = "select_mixture_temperature"
+    x, y = _model_data(models[0], x, y, where)
+    x_val, y_val = _model_data(models[0], x_val, y_val, where, "x_val", "y_val")
+    num_rows = x.num_rows if isinstance(x, _Stream) else x.shape[0]
+    original = [(m.temperature, m.variational) for m in models]
+    fitted: dict[float, list] = {}
+
+    def temperatures(e: float) -> list[float]:
+        return [temperature_grid(num_rows, m.rank, (e,))[0] for m in models]
+
+    def score(e: float) -> tuple[float, list[torch.Tensor]]:
+        draws, preds, targets, qs = [], [], None, []
+        for model, t in zip(models, temperatures(e)):
+            model.temperature = t
+            if method == "ess":
+                thetas = model.sample_ess(
+                    x, y, num_samples, burn_in=burn_in, thin=thin, generator=generator
+                )
+            else:
+                model.fit_vi(x, y, num_steps=vi_steps, generator=generator, show_progress=False)
+                thetas = model.sample_vi(num_samples, generator=generator)
+            qs.append(model.variational)
+            with torch.no_grad():
+                pred, targets = model._predict_data(x_val, y_val, thetas)
+            draws.append(thetas)
+            preds.append(pred)
+        fitted[e] = qs
+        pooled = {k: torch.cat([p[k] for p in preds], dim=0) for k in preds[0]}
+        return validation_log_likelihood(pooled, targets), draws
+
+    try:
+        sel = select_by_validation(score, exps, parameter="temperature_exponent")
+    except InputDataError:
+        for m, (t, q) in zip(models, original):
+            m.temperature, m.variational = t, q
+        raise
+    temps = temperatures(sel.value)
+    for model, t, q, thetas in zip(models, temps, fitted[sel.value], sel.samples):
+        model.temperature = t
+        if method == "vi":
+            model.variational = q
+        model.check_fit(x, y, thetas)
+    return HyperparameterSelection(
+        sel.value, sel.samples, sel.scores, "temperature_exponent", {"temperatures": temps}
+    )
 
 
 def regression_network(

@@ -202,3 +202,38 @@ def test_multi_subspace_arms_mix_one_posterior_per_multiswag_run():
         )
     # the seconds count every component's training
     assert pred.info["seconds"] >= sum(r.train_seconds for r in runs)
+
+
+def test_mixture_temperature_arms_choose_one_exponent_for_the_mixture_on_fit_rows():
+    import gpext_bench.methods_multi as mm
+    from gpext_bench import methods_subspace as ms
+    from gpext_bench.methods_peers import MULTISWAG_COMPONENTS, component_runs
+
+    split = load_dataset("diabetes", 0)
+    config = BenchConfig(quick=True, dtype=torch.float64)
+    pred = get_method("multi_pca_ess_mix_t").fit_predict(split, config)
+    shared = ms.fit_subspace_run(split, config)
+    fit_runs = mm.selection_component_runs(split, config)
+    assert len(fit_runs) == MULTISWAG_COMPONENTS and fit_runs[0] is shared.selection_run
+    # the counterparts train on the fit rows only (never on the validation rows), same recipe
+    for run in fit_runs:
+        assert torch.equal(run.x, shared.selection_run.x) and run.val_x.shape[0] > 0
+        assert run.recipe == shared.recipe
+    full = component_runs(split, config)
+    swa = [r.trajectory.swa_weights() for r in fit_runs]
+    assert not torch.allclose(swa[1], swa[2]) and not torch.allclose(
+        swa[1], full[1].trajectory.swa_weights()
+    )
+    exponent, seconds = mm.mixture_temperature_exponent(split, config, "pca")
+    assert exponent in ms.TEMPERATURE_EXPONENTS and seconds >= fit_runs[1].train_seconds
+    assert pred.info["temperature_exponent"] == exponent
+    # each block of 30 draws is that full-data run's posterior at the mixture's exponent
+    for k, run in enumerate(full):
+        block, _, _ = ms.subspace_posterior_predict(
+            run, "pca", "ess", exponent, split.test_x.double(), config,
+            torch.Generator().manual_seed(config.seed + 7919 * k),
+        )  # fmt: skip
+        torch.testing.assert_close(
+            pred.mixture_means[30 * k : 30 * (k + 1)], block["means"].double()
+        )
+    assert pred.info["seconds"] >= sum(r.train_seconds for r in full) + seconds

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import optimize, special, stats
 
-from gpext.errors import InputDataError, InputTypeError, ShapeError
+from gpext.errors import InputDataError, InputTypeError, ShapeError, VarianceCollapseWarning
 from gpext.fit import TemperatureSelection
 from gpext.nn import MLP, HeteroscedasticMLP
 from gpext.subspace import (
@@ -22,6 +22,7 @@ from gpext.subspace import (
     regression_network,
     select_by_validation,
     select_likelihood,
+    select_mixture_temperature,
     select_noise_variance,
     select_prior_std,
     select_swag_scale,
@@ -289,3 +290,115 @@ class TestSelectPriorStdAndLikelihood:
             regression_network("categorical", 3)
         with pytest.raises(InputDataError):
             select_likelihood(score, ("poisson",))
+
+
+class TestSelectMixtureTemperature:
+    """One temperature exponent for an equal-weight mixture of subspace posteriors."""
+
+    @staticmethod
+    def _model(dtype, seed, rank=3):
+        torch.manual_seed(seed)
+        net = MLP(2, [8], 1).to(dtype)
+        swag = _swag(net, dtype, seed)
+        proj = swag.factor().mT[:rank].contiguous()
+        return SubspaceModel(
+            net, swag.mean, proj, OutputLikelihood("gaussian", noise_variance=0.05)
+        )
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_one_model_equals_its_own_selection(self, dtype):
+        x, y = _data(dtype)
+        xv, yv = _data(dtype, n=30, seed=1)
+        exps = (-1.0, 0.0, 1.0)
+        a, b = self._model(dtype, 0), self._model(dtype, 0)
+        sel = select_mixture_temperature([a], x, y, xv, yv, exps, num_samples=5, burn_in=3,
+                                         generator=torch.Generator().manual_seed(3))  # fmt: skip
+        ref = b.select_temperature(x, y, xv, yv, temperature_grid(60, 3, exps), num_samples=5,
+                                   burn_in=3, calibrate_variance=False,
+                                   generator=torch.Generator().manual_seed(3))  # fmt: skip
+        got = {temperature_grid(60, 3, (e,))[0]: s for e, s in sel.scores.items()}
+        assert got.keys() == ref.scores.keys()
+        for t in got:
+            assert math.isclose(got[t], ref.scores[t], rel_tol=1e-5, abs_tol=1e-6)
+        assert a.temperature == ref.temperature == sel.details["temperatures"][0]
+        torch.testing.assert_close(sel.samples[0], ref.samples)
+
+    def test_pooled_score_and_per_rank_temperatures(self):
+        dtype = torch.float64
+        x, y = _data(dtype)
+        xv, yv = _data(dtype, n=30, seed=1)
+        models = [self._model(dtype, 0, rank=3), self._model(dtype, 1, rank=2)]
+        sel = select_mixture_temperature(
+            models,
+            x,
+            y,
+            xv,
+            yv,
+            (0.0, 1.0),
+            num_samples=4,
+            burn_in=2,
+            generator=torch.Generator().manual_seed(0),
+        )
+        assert sel.parameter == "temperature_exponent" and sel.value in (0.0, 1.0)
+        assert sel.scores[sel.value] == max(sel.scores.values())
+        assert [s.shape for s in sel.samples] == [(4, 3), (4, 2)]
+        temps = [temperature_grid(60, r, (sel.value,))[0] for r in (3, 2)]
+        assert [m.temperature for m in models] == temps == sel.details["temperatures"]
+        # the score of the winner is the held-out density of the pooled draws (scipy)
+        preds = [m.predict(xv, t) for m, t in zip(models, sel.samples)]
+        means = torch.cat([p["means"] for p in preds]).numpy()
+        sd = torch.cat([p["variances"] for p in preds]).sqrt().numpy()
+        lp = stats.norm.logpdf(yv.numpy(), means, sd)
+        ref = float(np.mean(special.logsumexp(lp, axis=0) - math.log(8)))
+        assert math.isclose(sel.scores[sel.value], ref, rel_tol=1e-9)
+
+    def test_vi_keeps_the_winning_q(self):
+        dtype = torch.float64
+        x, y = _data(dtype)
+        xv, yv = _data(dtype, n=30, seed=1)
+        models = [self._model(dtype, 0), self._model(dtype, 1)]
+        fitted = []  # (model index, temperature, q) of every fit
+        for k, m in enumerate(models):
+
+            def fit_vi(*args, _m=m, _k=k, _fit=m.fit_vi, **kwargs):
+                out = _fit(*args, **kwargs)
+                fitted.append((_k, _m.temperature, _m.variational))
+                return out
+
+            m.fit_vi = fit_vi
+        with pytest.warns(VarianceCollapseWarning):  # untrained networks explain nothing
+            sel = select_mixture_temperature(
+                models,
+                x,
+                y,
+                xv,
+                yv,
+                (0.0, 2.0),
+                method="vi",
+                vi_steps=30,
+                num_samples=4,
+                generator=torch.Generator().manual_seed(0),
+            )
+        assert len(fitted) == 4 and len({id(q) for _, _, q in fitted}) == 4
+        for k, m in enumerate(models):
+            assert sel.samples[k].shape == (4, 3)
+            (q,) = [q for j, t, q in fitted if j == k and t == m.temperature]
+            assert m.variational is q
+        assert sel.details["temperatures"] == [m.temperature for m in models]
+
+    def test_errors(self):
+        dtype = torch.float64
+        x, y = _data(dtype)
+        model = self._model(dtype, 0)
+        with pytest.raises(InputTypeError, match="SubspaceModel"):
+            select_mixture_temperature([], x, y, x, y)
+        with pytest.raises(InputTypeError, match="SubspaceModel"):
+            select_mixture_temperature([model, "net"], x, y, x, y)
+        with pytest.raises(InputTypeError):
+            select_mixture_temperature(model, x, y, x, y)
+        with pytest.raises(InputDataError, match="method"):
+            select_mixture_temperature([model], x, y, x, y, method="hmc")
+        with pytest.raises(InputDataError, match="exponents"):
+            select_mixture_temperature([model], x, y, x, y, (float("nan"),))
+        with pytest.raises(ShapeError):
+            select_mixture_temperature([model], x, y, x, y[:5], (0.0,))
