@@ -41,8 +41,10 @@ def choose_likelihood(split: DatasetSplit, config: BenchConfig) -> tuple[str, fl
         for lik in (ms.HETEROSCEDASTIC, ms.HOMOSCEDASTIC)
     }
     scores = {lik: _score(run) for lik, run in runs.items()}
-    chosen = ms.HOMOSCEDASTIC if scores[ms.HOMOSCEDASTIC] > scores[ms.HETEROSCEDASTIC] else (
-        ms.HETEROSCEDASTIC
+    chosen = (
+        ms.HOMOSCEDASTIC
+        if scores[ms.HOMOSCEDASTIC] > scores[ms.HETEROSCEDASTIC]
+        else (ms.HETEROSCEDASTIC)
     )
     other = runs[ms.HETEROSCEDASTIC if chosen == ms.HOMOSCEDASTIC else ms.HOMOSCEDASTIC]
     return chosen, other.train_seconds + other.selection_seconds(None), scores

@@ -169,3 +169,30 @@ def test_fold_warnings_are_recorded_not_raised():
         w.simplefilter("error")  # nothing escapes
         res = cross_validated_variance_scale(fit_fold, x, y, num_folds=4)
     assert res.fold_warnings == ["UserWarning: fold fit is degenerate"] * 4
+
+
+def test_refitting_a_fitted_adapter_starts_every_fold_from_the_unfitted_weights(monkeypatch):
+    x, y = _design()
+    model = _ign_adapter(x, y)
+    initial = {k: v.clone() for k, v in model.model.state_dict().items()}
+    keys, num_params = set(model.state_dict()), len(list(model.parameters()))
+    fit_gpext_surrogate(model, epochs=20, generator=torch.Generator().manual_seed(0))
+    fitted = {k: v.clone() for k, v in model.model.state_dict().items()}
+    assert any(not torch.equal(fitted[k], initial[k]) for k in initial)
+    starts = []
+    fold_copy = IGNSurrogate._fold_copy
+
+    def spy(self, num_rows):
+        starts.append({k: v.clone() for k, v in self.model.state_dict().items()})
+        return fold_copy(self, num_rows)
+
+    monkeypatch.setattr(IGNSurrogate, "_fold_copy", spy)
+    # the refit's folds start from the weights before the first fit, never from weights that
+    # were trained on their held-out rows
+    fit_gpext_surrogate(model, epochs=20, generator=torch.Generator().manual_seed(1))
+    assert len(starts) == 5
+    for start in starts:
+        assert all(torch.equal(start[k], initial[k]) for k in initial)
+    # the kept copy is not part of the adapter's modules, parameters or state dict
+    assert set(model.state_dict()) == keys and len(list(model.parameters())) == num_params
+    assert model.variance_calibration is not None and model.epistemic_scale >= 1.0

@@ -18,6 +18,19 @@ __all__ = ["fit_gpext_surrogate"]
 SurrogateT = TypeVar("SurrogateT", LatentGPSurrogate, SampleEnsembleSurrogate)
 
 
+_PRISTINE = "_gpext_unfitted_adapter"
+
+
+def _unfitted_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of an adapter that has not been fitted by :func:`fit_gpext_surrogate` yet."""
+    saved = model.__dict__.pop(_PRISTINE, None)
+    try:
+        return copy.deepcopy(model)
+    finally:
+        if saved is not None:
+            model.__dict__[_PRISTINE] = saved
+
+
 def fit_gpext_surrogate(
     model: SurrogateT,
     *,
@@ -62,10 +75,10 @@ def fit_gpext_surrogate(
     :func:`~gpext.integrations.botorch.fit_weight_ensemble` itself (``calibrate`` and
     ``calibration_folds`` are passed on when given).  The result is in
     ``model.variance_calibration`` (``None`` without calibration) and the factor in
-    ``model.epistemic_scale``.  The folds start from the adapter as it is before this call:
-    calibrate an adapter whose wrapped model has not seen the data (as ``construct_inputs``
-    builds it); refitting a fitted model would let the folds start from weights that have
-    seen the held-out rows.
+    ``model.epistemic_scale``.  The folds start from a copy of the adapter as it was before
+    its first fit by this function (kept with the adapter, outside its modules and state
+    dict), so refitting a fitted adapter never lets a fold start from weights that have seen
+    its held-out rows.
 
     Args:
         model: An adapter built with ``train_X`` and ``train_Y``.
@@ -127,10 +140,15 @@ def fit_gpext_surrogate(
     if calibrate and isinstance(model, LatentGPSurrogate):
         model._set_variance_scale(1.0)  # fails early for adapters without calibration
     model.epistemic_scale = 1.0
-    template = copy.deepcopy(model) if calibrate else None
+    pristine = model.__dict__.get(_PRISTINE)
+    if pristine is None:
+        # the adapter before its first fit, outside the module tree (no parameters, buffers or
+        # state-dict entries of its own); the calibration folds of every later fit start here
+        pristine = model.__dict__[_PRISTINE] = (_unfitted_copy(model),)
     model._fit_wrapped(X, Y, **fit_kwargs)
     model.variance_calibration = None
     if calibrate:
+        template = pristine[0].to(device=X.device, dtype=X.dtype)
 
         def fit_fold(x: torch.Tensor, y: torch.Tensor) -> SurrogateT:
             fold = template._fold_copy(x.shape[0])
