@@ -71,7 +71,10 @@ _WORKSPACE = threading.local()
 # cuts of Nov 26: an update on RBF kernel rows costs 1.2-3 ms below m ~ 400 (it varies with
 # the number of secular iterations the spectrum needs), 3.7 ms at 500, 11 ms at 1000; adding a
 # point by rank-one updates and by the batch eigh path still cross near m = 250 (6.1 against
-# 6.7 ms there, 4.5 against 3.8 ms at 200), so the constants were kept.
+# 6.7 ms there, 4.5 against 3.8 ms at 200), so the constants were kept. Since Nov 26
+# IncrementalKPCA adds a point by one arrowhead solve (gpext.operators._arrowhead, 10-35% more
+# secular evaluations than one rank-one update, measured 1.1-1.3x its time), costed as one
+# update: the crossover against eigh moved to m ~ 160.
 _EIGH = (1.8e-10, 5e-8, 2e-4)  # eigh of m x m: a m^3 + b m^2 + c
 _GEMM = 4.2e-11  # basis product m x k x k: per m k^2
 _UPDATE = (1.8e-3, 1.3e-8)  # one rank-one update without the basis product: c + b m^2

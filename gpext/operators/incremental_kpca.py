@@ -21,6 +21,7 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
+from gpext.operators._arrowhead import arrowhead_eigvals_factor
 from gpext.operators._secular import (
     _GEMM,
     _PROJECT,
@@ -92,6 +93,16 @@ class IncrementalKPCA(torch.nn.Module):
     so appending the eigenpair :math:`(k/4, e_{m+1})` and calling
     :func:`~gpext.operators.rank_one_eigh_update` twice updates the eigendecomposition exactly.
 
+    **One solve per point.** Without ``max_components`` the same bordered matrix is decomposed
+    in one step: in the bordered basis :math:`\operatorname{blockdiag}(U, 1)` it is the
+    arrowhead :math:`\begin{bmatrix} \Lambda & U^\top a \\ a^\top U & k \end{bmatrix}`,
+    whose eigenvalues are the roots of :math:`\lambda - k + \sum_i z_i^2 / (\lambda_i -
+    \lambda)` (:math:`z = U^\top a`), solved once by the safeguarded secular iteration of
+    the rank-one update, with Gu-Eisenstat eigenvectors (``gpext/operators/_arrowhead.py``).
+    That is half the work of the two rank-one updates (each a secular solve), with no
+    division by :math:`k`, so degenerate points take the same path. With ``max_components``
+    the truncated basis keeps Eq. 7's updates below.
+
     With ``centered=True`` the decomposition is that of the feature-space centred matrix
     :math:`H K H` (:math:`H = I - 11^\top/m`). Adding a point changes every entry of the old
     centred block by :math:`u_i + u_j` (the shift of the row means and of the grand mean), i.e. by
@@ -127,14 +138,14 @@ class IncrementalKPCA(torch.nn.Module):
     of the stored points is cached for this (``O(m^2)`` memory besides the basis; not with
     ``max_components``).
 
-    **Centred points in two updates.** Without ``max_components`` the centred variant keeps
+    **Centred points in one solve.** Without ``max_components`` the centred variant keeps
     the null vector :math:`\pm 1/\sqrt{m}` as an exact basis column (eigenvalue exactly 0;
     a batch decomposition finds it by a Householder reflection). The new centred matrix is
     :math:`H_{m+1} B H_{m+1}` with ``B`` the old centred matrix bordered by the column centred
     with the old statistics, and in the basis of the old eigenvectors, the unit vector
     :math:`h \propto [1_m; -m]` and the new null vector it is the old eigenvalues bordered by
     :math:`\sqrt{m/(m+1)}\, U^\top a_0` and :math:`m k_0/(m+1)`: one Givens rotation of the
-    basis and Eq. 7's two rank-one updates, instead of the four above.
+    basis and one arrowhead solve, instead of the four updates above.
 
     **Dispatch.** :meth:`update` of ``n`` points compares the rank-one path (Python and host
     work of the secular iterations, 1-3 ms per rank-one update below ``m ~ 400``, two per
@@ -165,17 +176,16 @@ class IncrementalKPCA(torch.nn.Module):
     points again with the current kernel.
 
     Rounding errors of the updates accumulate: after 1000 points of an RBF kernel (5 dimensions,
-    lengthscale 2) the eigenvalues are off by 5e-5 of :math:`\lambda_{\max}` in float32, 200
-    times the error of one batch ``eigh`` (2e-7), and by 4e-13 in float64 (``eigh``: 3e-16).
+    lengthscale 2; 20 points decomposed first, then one at a time with ``method="rank_one"``)
+    the eigenvalues are off by 4e-6 of :math:`\lambda_{\max}` in float32, 14 times the error
+    of one batch float32 ``eigh`` (3e-7), and by 6e-16 in float64 (Eq. 7's two rank-one
+    updates per point, on the same points: 1.3e-5 and 3.5e-15).
     ``refresh_every = k`` recomputes the decomposition of the stored points with a batch
     ``eigh`` (the kernel matrix is formed once more, :math:`O(m^2 D + m^3)`) after every ``k``
     points added by :meth:`update`, so the error right after a refresh is that of ``eigh`` and
     no drift builds up over more than ``k`` updates. It does not make the updates in between
-    more accurate: in float32 at :math:`m \approx 1000` the error is back at about 1e-5
-    :math:`\lambda_{\max}` a few dozen updates after a refresh (each update's rounding is
-    relative to the intermediate rank-one matrices of Eq. 7, which are larger than
-    :math:`K`), so over a whole run the worst error drops by only about 2x; use float64 where
-    the eigenvalues matter. The default ``"auto"`` refreshes every 100 points in float32
+    more accurate (in float32 the error grows back within a few dozen updates after a
+    refresh); use float64 where the eigenvalues matter. The default ``"auto"`` refreshes every 100 points in float32
     without ``max_components`` (whose ``O(m r)`` memory a refresh would not keep), and never
     in float64.
 
@@ -776,7 +786,8 @@ class IncrementalKPCA(torch.nn.Module):
     def _add_centered(
         self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor, degenerate: bool
     ) -> None:
-        r"""Add a point to the centred decomposition with two rank-one updates (not four).
+        r"""Add a point to the centred decomposition with one arrowhead solve (not four
+        rank-one updates).
 
         With :math:`c_i = \phi_i - \bar\phi` (old mean), the new centred features are
         :math:`H_{m+1} [C; c_{new}^\top]`, so :math:`K_c' = H B H` with ``B`` the old
@@ -784,8 +795,8 @@ class IncrementalKPCA(torch.nn.Module):
         :math:`1^\top a_0 = 0`, so in the orthonormal basis ``{[u_i; 0]}`` (old eigenvectors
         orthogonal to 1), :math:`h = [1_m; -m] / \sqrt{m(m+1)}` and the new null vector,
         :math:`K_c'` is the old eigenvalues bordered by :math:`\sqrt{m/(m+1)}\, U^\top a_0`
-        and :math:`m k_0 / (m+1)`: Eq. 7 once. The basis change is one Givens rotation of
-        the old null column and the new unit vector.
+        and :math:`m k_0 / (m+1)`: Eq. 7 once, solved as one arrowhead (:meth:`_border`). The
+        basis change is one Givens rotation of the old null column and the new unit vector.
         """
         m = self.num_points
         mean_a = a_sum / m
@@ -797,37 +808,18 @@ class IncrementalKPCA(torch.nn.Module):
         null, sign = self._null, self._null_sign
         c[null] = 0.0
         c = c * math.sqrt(m / (m + 1))  # coupling with the column -h
-        beta = kp if degenerate else kp / 4
-        p = int(torch.searchsorted(self._evals, k.new_tensor([beta])))
+        # The new unit vector goes last (p = m): in the bordered basis the matrix is the
+        # arrowhead of the old eigenvalues, c and kp (one secular solve, no division by kp).
+        p = self._evals.shape[0]  # = m: the full decomposition
         self._pending.append(p)
-        self._evals = torch.cat([self._evals[:p], k.new_tensor([beta]), self._evals[p:]])
-        null += int(null >= p)
         cs, sn = math.sqrt(m / (m + 1)), sign / math.sqrt(m + 1)
         # columns (p, null) <- (cs e - sn u_null, sn e + cs u_null) = (-h, sign 1/sqrt(m+1))
         n = m + 1
         self._push_factor(Factor(n, _arange(n), [(p, null, cs, sn)], _EMPTY, _arange(n),
                                  _arange(n), None))  # fmt: skip
         self._null = null
-        c = torch.cat([c[:p], c.new_zeros(1), c[p:]])
-        # Both vectors are in the coordinates of the bordered basis; the second is carried
-        # through the first update's factor (z2 = F1^T z2).
-        if not degenerate:
-            sigma = 4.0 / kp
-            z1, z2 = c.clone(), c
-            z1[p], z2[p] = kp / 2, kp / 4
-            f1 = self._rank_one_z(z1, sigma)
-            self._rank_one_z(f1.apply_transpose(z2), -sigma)
-            return
-        norm = _norm(c)
-        if float(norm) == 0.0:
-            return
-        s = norm.sqrt()
-        z1 = c / s
-        z1[p] = s
-        z2 = z1.clone()
-        z2[p] = -s  # e - ap up to sign
-        f1 = self._rank_one_z(z1, 0.5)
-        self._rank_one_z(f1.apply_transpose(z2), -0.5)
+        self._border(c, kp)
+        return
 
     def _push_factor(self, factor: Factor) -> None:
         self._pending.append(factor)
@@ -835,6 +827,15 @@ class IncrementalKPCA(torch.nn.Module):
         if self._null is not None:  # the null column is deflated (z = 0): it moves only
             s = int(np.flatnonzero(factor.perm == self._null)[0])
             self._null = int(factor.rank[s])
+
+    def _border(self, z: torch.Tensor, corner: float) -> Factor:
+        """Eigenpairs of the arrowhead ``[[diag(lam), z], [z^T, corner]]`` in the bordered
+        basis (its new unit vector last, already pushed); returns the pushed factor."""
+        if self._null is not None:
+            z[self._null] = 0.0
+        self._evals, factor = arrowhead_eigvals_factor(self._evals, z, corner)
+        self._push_factor(factor)
+        return factor
 
     def _rank_one_z(self, z: torch.Tensor, sigma: float) -> Factor:
         """Rank-one update with ``z = U^T v`` given (deferred basis); returns its factor."""
@@ -939,8 +940,9 @@ class IncrementalKPCA(torch.nn.Module):
         if self.max_components is not None:
             return False
         m = self.num_points
-        # two updates per point; four for the centred variant without a known null column
-        per_point = 4 if self.centered and self._null is None and m else 2
+        # one arrowhead solve per point (about one rank-one update); three for the centred
+        # variant without a known null column (two rank-one updates re-centre the old block)
+        per_point = 3 if self.centered and self._null is None and m else 1
         c, b = _UPDATE
         inc = sum(per_point * (c + b * (m + i) ** 2) for i in range(n))
         eigh = _eigh_cost(m + n) + (0.0 if self._gram_valid() or m == 0 else _GEMM * m * m * 64)
@@ -1003,10 +1005,23 @@ class IncrementalKPCA(torch.nn.Module):
             warnings.warn(msg, DataWarning, stacklevel=4)
 
     def _append(self, a: torch.Tensor, k: torch.Tensor, degenerate: bool) -> None:
-        """Border the decomposed matrix with column ``a`` and diagonal ``k`` (Eq. 7)."""
+        """Border the decomposed matrix with column ``a`` and diagonal ``k`` (Eq. 7).
+
+        With the deferred basis (no ``max_components``) the bordered matrix is one arrowhead
+        in the bordered basis, ``[[diag(lam), U^T a], [a^T U, k]]``, whose eigenpairs one
+        secular solve gives (:func:`~gpext.operators._arrowhead.arrowhead_eigvals_factor`):
+        the same matrix as Eq. 7's two rank-one updates at half their cost, and no division
+        by ``k`` (so degenerate points take the same path). A truncated basis keeps Eq. 7.
+        """
         m = a.shape[0]
         r = self._evals.shape[0]
         kk = float(k)
+        if m and self.max_components is None:
+            z = self._project(a)  # U^T a, before the border is added
+            self._pending_spent += _PROJECT * self._pending_numel
+            self._pending.append(r)  # bordered basis, the new unit vector last
+            self._border(z, kk)
+            return
         beta = kk if (degenerate or m == 0) else kk / 4
         # The new eigenpair (beta, e_{m+1}) goes in at its sorted position, so the updates
         # below see ascending eigenvalues (no permutation of the basis is needed).

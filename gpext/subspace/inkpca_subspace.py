@@ -47,7 +47,7 @@ class InKPCASubspace(nn.Module):
 
     Each update costs one kernel row against the stored deviations (``O(m D)`` reads, no copy
     of them: the deviations sit in a preallocated block, sized ``max_points`` when given and
-    grown by doubling otherwise) plus two rank-one eigen-updates of size ``m``; see
+    grown by doubling otherwise) plus one bordered (arrowhead) eigen-update of size ``m``; see
     ``benchmarks/inkpca_subspace.py`` for its speed against recomputing the decomposition.
 
     Only the first ``max_points`` deviations are handled incrementally; beyond, the oldest

@@ -270,8 +270,9 @@ class TestRankOneEighPath:
             rank_one_eigh_update(d, u, torch.ones(3, dtype=D64), 1.0, method="lapack")
 
 
-class TestCenteredTwoUpdates:
-    """The centred variant without max_components: exact null column, two updates a point."""
+class TestCenteredOneSolve:
+    """The centred variant without max_components: exact null column, one arrowhead solve a
+    point."""
 
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_null_column_and_eigh(self, dtype, monkeypatch):
@@ -287,7 +288,7 @@ class TestCenteredTwoUpdates:
             before = sum(isinstance(op, Factor) and op.q is not None for op in kpca._pending)
             kpca.update(x[i])
             after = sum(isinstance(op, Factor) and op.q is not None for op in kpca._pending)
-            assert after - before == 2  # two rank-one updates per point, not four
+            assert after - before == 1  # one arrowhead factor per point, not four updates
         null = kpca._null
         assert kpca._evals[null] == 0
         u = kpca._basis()

@@ -204,9 +204,10 @@ class TestRefresh:
     @pytest.mark.slow
     def test_float32_drift_is_bounded(self):
         # 400 points of an RBF kernel in float32: without a refresh the eigenvalues drift to
-        # about 40 times the error of one float32 eigh (measured 1.3e-3 against 3e-5); with a
-        # refresh every 50 points the error at a refresh is eigh's, and 30 updates later it is
-        # still below the unrefreshed drift
+        # about 13 times the error of one float32 eigh (measured 3.9e-4 against 3e-5 with one
+        # arrowhead solve per point; 1.3e-3 with Eq. 7's two rank-one updates); with a refresh
+        # every 50 points the error at a refresh is eigh's, and 30 updates later it is still
+        # below the unrefreshed drift
         n = 430
         x = torch.randn(n, 5, generator=self.gen, dtype=D64)
         k64 = gpytorch.kernels.RBFKernel().double()
@@ -226,5 +227,5 @@ class TestRefresh:
             (torch.linalg.eigvalsh(_kmat(k32, x[:400].float())).double() - ref).abs().max()
         )
         assert errors[50, 400] <= 4 * eigh32
-        assert errors[None, 400] > 10 * errors[50, 400]
+        assert errors[None, 400] > 4 * errors[50, 400]
         assert errors[50, n] < errors[None, n]
