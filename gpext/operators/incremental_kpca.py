@@ -1269,8 +1269,15 @@ class IncrementalKPCA(torch.nn.Module):
         key = prefix + "_points"
         if key in state_dict:
             points = state_dict[key]
-            self._store = points.detach().to(dtype=self.dtype, device=self._evals.device).clone()
-            self._m = int(points.shape[0])
+            m = int(points.shape[0])
+            # with room for the next points, as the kernel matrix below (a loaded module is
+            # usually continued: no copy of every stored point at the first update)
+            self._store = points.new_empty(
+                (m + max(16, m // 8), *points.shape[1:]), dtype=self.dtype,
+                device=self._evals.device,
+            )  # fmt: skip
+            self._store[:m] = points.detach()
+            self._m = m
         elif strict:
             missing_keys.append(key)
         null = state_dict.get(prefix + "_null")
