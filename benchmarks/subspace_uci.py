@@ -164,8 +164,10 @@ PROTOCOL = (
     "(30 draws each) with equal weights; the *_mix_t variants choose the exponent for the "
     "mixture instead (gpext.subspace.select_mixture_temperature): the 3 runs are repeated on "
     "the fit rows of the validation search (the chosen recipe, the same seeds), ESS draws 30 "
-    "samples per run at every exponent, and the exponent whose pooled draws score best on the "
-    "validation rows is used by the full-data runs."
+    "samples per run at every exponent, each exponent is scored at its own variance scale (the "
+    "factor on the pooled draws' predicted variances with the best validation log-likelihood), "
+    "and the best exponent, with its factor on the predicted variances, is used by the "
+    "full-data runs."
 )
 SUBSPACE_METHODS = (
     "pca_ess", "pca_vi", "inkpca_ess", "inkpca_vi", "fa_swag", "swag", *GLM_METHODS,

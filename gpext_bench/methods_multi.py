@@ -26,11 +26,13 @@ The ``*_mix_t`` arms (``multi_pca_ess_mix_t``, ...) choose the exponent for the 
 instead, with :func:`gpext.subspace.select_mixture_temperature`: the component runs are
 repeated on the fit rows of the shared run's validation search (the chosen recipe, the same
 seeds; the first is that search's own run, :func:`selection_component_runs`), ESS draws 30
-samples per run at every exponent of the grid, and the exponent whose pooled draws have the
-best validation log-likelihood is used by all the full-data runs. A temperature chosen for one
-run ignores the spread between the runs' modes, which the mixture adds (yacht: 95% coverage
-0.995-0.997 for three of the four ``multi_*`` arms). Their seconds add the two extra fit-rows
-runs and the mixture's ESS grid.
+samples per run at every exponent of the grid, each candidate is scored at its own variance
+scale (the factor on the pooled draws' predicted variances that maximises the validation
+log-likelihood, the library's default for regression), and the exponent with the best score
+is used by all the full-data runs, with that factor on their predicted variances. A
+temperature chosen for one run ignores the spread between the runs' modes, which the mixture
+adds (yacht: 95% coverage 0.995-0.997 for three of the four ``multi_*`` arms). Their seconds
+add the two extra fit-rows runs and the mixture's ESS grid.
 """
 
 from __future__ import annotations
@@ -94,14 +96,15 @@ def selection_component_runs(split: DatasetSplit, config: BenchConfig) -> list:
 
 def mixture_temperature_exponent(
     split: DatasetSplit, config: BenchConfig, subspace: str
-) -> tuple[float, float]:
-    """The exponent chosen for the mixture of ``subspace`` posteriors, and the seconds it took.
+) -> tuple[float, float, float]:
+    """The exponent and variance scale chosen for the mixture of ``subspace`` posteriors, and
+    the seconds it took.
 
     :func:`gpext.subspace.select_mixture_temperature` on the runs of
     :func:`selection_component_runs` (ESS, 30 samples per run, burn-in and thinning as the
-    single-run search, the exponents :data:`~gpext.subspace.TEMPERATURE_EXPONENTS`). The
-    seconds count the extra fit-rows runs and the grid (the search's own run is counted by
-    ``selection_seconds``). Cached per split and subspace.
+    single-run search, the exponents :data:`~gpext.subspace.tuning.TEMPERATURE_EXPONENTS`,
+    variance calibration on). The seconds count the extra fit-rows runs and the grid (the
+    search's own run is counted by ``selection_seconds``). Cached per split and subspace.
     """
     runs = selection_component_runs(split, config)
     cache = _FIT_RUNS["exponents"]
@@ -122,7 +125,8 @@ def mixture_temperature_exponent(
             generator=torch.Generator().manual_seed(config.seed),
         )
         extra = sum(r.train_seconds for r in runs[1:])
-        cache[subspace] = (float(sel.value), extra + time.perf_counter() - t0)
+        kappa = float(sel.details["variance_scale"])
+        cache[subspace] = (float(sel.value), kappa, extra + time.perf_counter() - t0)
     return cache[subspace]
 
 
@@ -140,8 +144,8 @@ def multi_subspace_prediction(
         config: Benchmark settings.
         subspace: ``"pca"`` or ``"inkpca"``.
         inference: ``"ess"`` or ``"vi"``.
-        mixture_temperature: Use the exponent chosen for the mixture
-            (:func:`mixture_temperature_exponent`) instead of the shared run's.
+        mixture_temperature: Use the exponent and variance scale chosen for the mixture
+            (:func:`mixture_temperature_exponent`) instead of the shared run's exponent.
 
     Returns:
         A mixture :class:`~gpext_bench.registry.Prediction` of ``30 K`` components, with the
@@ -150,9 +154,9 @@ def multi_subspace_prediction(
     runs = peers.component_runs(split, config)
     t0 = time.perf_counter()
     exponent = runs[0].temperature_exponent(subspace, config)
-    mixture_seconds = 0.0
+    mixture_seconds, kappa = 0.0, 1.0
     if mixture_temperature:
-        exponent, mixture_seconds = mixture_temperature_exponent(split, config, subspace)
+        exponent, kappa, mixture_seconds = mixture_temperature_exponent(split, config, subspace)
     test_x = split.test_x.to(config.device, config.dtype)
     means, variances, temperature = [], [], None
     for k, run in enumerate(runs):
@@ -161,7 +165,7 @@ def multi_subspace_prediction(
             run, subspace, inference, exponent, test_x, config, gen
         )
         means.append(pred["means"].detach())
-        variances.append(pred["variances"].detach())
+        variances.append(pred["variances"].detach() * kappa)
     seconds = (
         sum(r.train_seconds for r in runs)
         + runs[0].selection_seconds(subspace)
@@ -176,6 +180,7 @@ def multi_subspace_prediction(
             "seconds": seconds,
             "temperature": temperature,
             "temperature_exponent": exponent,
+            "variance_scale": kappa,
             "drbayes_recipe": float(runs[0].recipe_name == "drbayes"),
         },
     )

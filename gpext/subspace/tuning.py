@@ -817,6 +817,7 @@ def select_mixture_temperature(
     num_samples: int = 32,
     burn_in: int = 32,
     thin: int = 1,
+    calibrate_variance: bool | None = None,
     method: str = "ess",
     vi_steps: int = 1000,
     generator: torch.Generator | None = None,
@@ -838,11 +839,16 @@ def select_mixture_temperature(
         \ell(e) = \frac1M \sum_{i=1}^M \log \frac1{K S} \sum_{k=1}^K \sum_{s=1}^S
             p\big(y^{\text{val}}_i \mid x^{\text{val}}_i, \theta_{ks}; T_k(e)\big)
 
-    (:func:`validation_log_likelihood`). Every model's ``temperature`` is set to its
-    :math:`T_k` at the best :math:`e` (for ``method="vi"`` its ``variational`` is the ``q``
-    fitted there) and checked with :meth:`SubspaceModel.check_fit
-    <gpext.subspace.SubspaceModel.check_fit>`. The models' ``variance_scale`` is used as it
-    is (no calibration per candidate).  The runs must have been trained on ``(x, y)`` only, not
+    (:func:`validation_log_likelihood`). For regression, as
+    :meth:`SubspaceModel.select_temperature <gpext.subspace.SubspaceModel.select_temperature>`
+    does by default, every candidate is scored at its own variance scale :math:`\kappa_e`, the
+    factor on all the pooled draws' predicted variances that maximises :math:`\ell(e)` (a
+    grid of :math:`\log\kappa \in [-7, 7]` refined by golden section), since tempering the
+    weights does not correct a noise that the networks learned too small or too large.  Every
+    model's ``temperature`` is set to its :math:`T_k` at the best :math:`e` and its
+    ``variance_scale`` to that :math:`\kappa` (for ``method="vi"`` its ``variational`` is the
+    ``q`` fitted there), and each is checked with :meth:`SubspaceModel.check_fit
+    <gpext.subspace.SubspaceModel.check_fit>`.  The runs must have been trained on ``(x, y)`` only, not
     on the held-out rows; train the runs you will use on all rows afterwards with the same
     recipe and seeds and reuse the exponent with the full :math:`N`.
 
@@ -860,6 +866,9 @@ def select_mixture_temperature(
         num_samples: Samples per model and candidate.
         burn_in: ESS transitions discarded per model and candidate.
         thin: ESS thinning.
+        calibrate_variance: Score every candidate at its own variance scale (above) and keep
+            the winner's. ``None`` (default): for regression likelihoods. ``False`` keeps
+            every model's ``variance_scale`` as it is.
         method: ``"ess"`` or ``"vi"``.
         vi_steps: ``num_steps`` of ``fit_vi`` per model and candidate (``method="vi"``).
         generator: Random generator.
@@ -868,7 +877,8 @@ def select_mixture_temperature(
         A :class:`~gpext.fit.temperature.HyperparameterSelection` with ``parameter``
         ``"temperature_exponent"``: ``value`` the exponent :math:`e`, ``samples`` the list of
         every model's samples ``(S, r_k)`` at it, ``scores`` per exponent, ``details``
-        ``{"temperatures": [T_1, ..., T_K]}``.
+        ``{"temperatures": [T_1, ..., T_K], "variance_scale": kappa}`` (``kappa`` the models'
+        ``variance_scale`` after the selection).
 
     Raises:
         InputTypeError: If ``models`` is empty or holds anything but
@@ -918,8 +928,14 @@ def select_mixture_temperature(
     x, y = _model_data(models[0], x, y, where)
     x_val, y_val = _model_data(models[0], x_val, y_val, where, "x_val", "y_val")
     num_rows = x.num_rows if isinstance(x, _Stream) else x.shape[0]
-    original = [(m.temperature, m.variational) for m in models]
+    if calibrate_variance is None:
+        calibrate_variance = all(m.likelihood.is_regression for m in models)
+    original = [(m.temperature, m.variational, m.variance_scale) for m in models]
+    if calibrate_variance:
+        for m in models:  # predictions below at kappa = 1; the winner's kappa is set at the end
+            m.variance_scale = 1.0
     fitted: dict[float, list] = {}
+    kappas: dict[float, float] = {}
 
     def temperatures(e: float) -> list[float]:
         return [temperature_grid(num_rows, m.rank, (e,))[0] for m in models]
@@ -942,23 +958,44 @@ def select_mixture_temperature(
             preds.append(pred)
         fitted[e] = qs
         pooled = {k: torch.cat([p[k] for p in preds], dim=0) for k in preds[0]}
+        if calibrate_variance and "means" in pooled:
+            kappas[e], value = _best_mixture_variance_scale(pooled, targets)
+            return value, draws
         return validation_log_likelihood(pooled, targets), draws
 
     try:
         sel = select_by_validation(score, exps, parameter="temperature_exponent")
     except InputDataError:
-        for m, (t, q) in zip(models, original):
-            m.temperature, m.variational = t, q
+        for m, (t, q, kappa) in zip(models, original):
+            m.temperature, m.variational, m.variance_scale = t, q, kappa
         raise
     temps = temperatures(sel.value)
     for model, t, q, thetas in zip(models, temps, fitted[sel.value], sel.samples):
         model.temperature = t
+        if calibrate_variance:
+            model.variance_scale = kappas.get(sel.value, 1.0)
         if method == "vi":
             model.variational = q
         model.check_fit(x, y, thetas)
+    details = {"temperatures": temps, "variance_scale": models[0].variance_scale}
     return HyperparameterSelection(
-        sel.value, sel.samples, sel.scores, "temperature_exponent", {"temperatures": temps}
+        sel.value, sel.samples, sel.scores, "temperature_exponent", details
     )
+
+
+def _best_mixture_variance_scale(
+    prediction: dict[str, torch.Tensor], y_val: torch.Tensor
+) -> tuple[float, float]:
+    """``(kappa, score)``: the factor on every draw's variance that maximises the held-out
+    mixture log density, on a grid of ``log kappa`` in ``[-7, 7]`` refined by golden section."""
+    means, variances = prediction["means"], prediction["variances"]
+    y = y_val.to(means)
+
+    def neg_ll(log_kappa: float) -> float:
+        return -float(_mixture_ll(means, variances * math.exp(log_kappa), y))
+
+    log_kappa, value = minimize_scalar_on_grid(neg_ll, torch.linspace(-7.0, 7.0, 57).tolist())
+    return math.exp(log_kappa), -value
 
 
 def regression_network(

@@ -224,7 +224,7 @@ def test_mixture_temperature_arms_choose_one_exponent_for_the_mixture_on_fit_row
     assert not torch.allclose(swa[1], swa[2]) and not torch.allclose(
         swa[1], full[1].trajectory.swa_weights()
     )
-    exponent, seconds = mm.mixture_temperature_exponent(split, config, "pca")
+    exponent, kappa, seconds = mm.mixture_temperature_exponent(split, config, "pca")
     assert exponent in ms.TEMPERATURE_EXPONENTS and seconds >= fit_runs[1].train_seconds
     assert pred.info["temperature_exponent"] == exponent
     # each block of 30 draws is that full-data run's posterior at the mixture's exponent
@@ -236,4 +236,9 @@ def test_mixture_temperature_arms_choose_one_exponent_for_the_mixture_on_fit_row
         torch.testing.assert_close(
             pred.mixture_means[30 * k : 30 * (k + 1)], block["means"].double()
         )
+        # with the mixture's variance scale on the predicted variances
+        torch.testing.assert_close(
+            pred.mixture_variances[30 * k : 30 * (k + 1)], block["variances"].double() * kappa
+        )
+    assert kappa > 0 and pred.info["variance_scale"] == kappa
     assert pred.info["seconds"] >= sum(r.train_seconds for r in full) + seconds

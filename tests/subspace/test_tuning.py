@@ -306,21 +306,29 @@ class TestSelectMixtureTemperature:
         )
 
     @pytest.mark.parametrize("dtype", DTYPES)
-    def test_one_model_equals_its_own_selection(self, dtype):
+    @pytest.mark.parametrize("calibrate", [True, False])
+    def test_one_model_equals_its_own_selection(self, dtype, calibrate):
+        # one model: the mixture's selection is the model's own, variance scale included
         x, y = _data(dtype)
         xv, yv = _data(dtype, n=30, seed=1)
         exps = (-1.0, 0.0, 1.0)
         a, b = self._model(dtype, 0), self._model(dtype, 0)
         sel = select_mixture_temperature([a], x, y, xv, yv, exps, num_samples=5, burn_in=3,
+                                         calibrate_variance=calibrate,
                                          generator=torch.Generator().manual_seed(3))  # fmt: skip
         ref = b.select_temperature(x, y, xv, yv, temperature_grid(60, 3, exps), num_samples=5,
-                                   burn_in=3, calibrate_variance=False,
+                                   burn_in=3, calibrate_variance=calibrate,
                                    generator=torch.Generator().manual_seed(3))  # fmt: skip
         got = {temperature_grid(60, 3, (e,))[0]: s for e, s in sel.scores.items()}
         assert got.keys() == ref.scores.keys()
         for t in got:
             assert math.isclose(got[t], ref.scores[t], rel_tol=1e-5, abs_tol=1e-6)
         assert a.temperature == ref.temperature == sel.details["temperatures"][0]
+        # (the flat optimum of kappa moves with float32 rounding of the score)
+        tol = 1e-6 if dtype == torch.float64 else 1e-3
+        assert math.isclose(a.variance_scale, b.variance_scale, rel_tol=tol)
+        assert sel.details["variance_scale"] == a.variance_scale
+        assert (a.variance_scale != 1.0) == calibrate
         torch.testing.assert_close(sel.samples[0], ref.samples)
 
     def test_pooled_score_and_per_rank_temperatures(self):
@@ -339,18 +347,27 @@ class TestSelectMixtureTemperature:
             burn_in=2,
             generator=torch.Generator().manual_seed(0),
         )
+        kappa = sel.details["variance_scale"]
+        assert all(m.variance_scale == kappa for m in models) and kappa != 1.0
         assert sel.parameter == "temperature_exponent" and sel.value in (0.0, 1.0)
         assert sel.scores[sel.value] == max(sel.scores.values())
         assert [s.shape for s in sel.samples] == [(4, 3), (4, 2)]
         temps = [temperature_grid(60, r, (sel.value,))[0] for r in (3, 2)]
         assert [m.temperature for m in models] == temps == sel.details["temperatures"]
-        # the score of the winner is the held-out density of the pooled draws (scipy)
+        # the score of the winner is the held-out density of the pooled draws (scipy), at the
+        # kappa the models now predict with, and no other kappa scores higher
         preds = [m.predict(xv, t) for m, t in zip(models, sel.samples)]
         means = torch.cat([p["means"] for p in preds]).numpy()
-        sd = torch.cat([p["variances"] for p in preds]).sqrt().numpy()
-        lp = stats.norm.logpdf(yv.numpy(), means, sd)
-        ref = float(np.mean(special.logsumexp(lp, axis=0) - math.log(8)))
-        assert math.isclose(sel.scores[sel.value], ref, rel_tol=1e-9)
+        var = torch.cat([p["variances"] for p in preds]).numpy()
+
+        def score(k):
+            lp = stats.norm.logpdf(yv.numpy(), means, np.sqrt(var * k))
+            return float(np.mean(special.logsumexp(lp, axis=0) - math.log(8)))
+
+        assert math.isclose(sel.scores[sel.value], score(1.0), rel_tol=1e-9)
+        best = optimize.minimize_scalar(lambda t: -score(math.exp(t) / kappa), bounds=(-3, 3),
+                                        method="bounded")  # fmt: skip
+        assert -best.fun <= sel.scores[sel.value] + 1e-7
 
     def test_vi_keeps_the_winning_q(self):
         dtype = torch.float64
