@@ -91,6 +91,10 @@ Reported per (problem, arm), mean and standard error over seeds where it applies
 * ``coverage90``: share of 256 uniform held-out points (fixed per seed) whose true value lies
   in the central 90% interval of the objective model's posterior (Gaussian, mean +- 1.645
   sd, no observation noise), averaged over all fits;
+* ``sd_distance_corr``: on the same points, the correlation between the posterior sd and the
+  distance to the nearest evaluated point (does the uncertainty grow away from the data, or
+  towards the box's corners?), averaged over all fits (runs recorded before 2026-11-26 lack
+  it);
 * ``fits`` and the degenerate ones among them: ``error_fits`` (fit or acquisition raised;
   the iteration then takes a uniform random point, and the message is recorded under
   ``errors``), ``warned_fits`` (a ``gpext.errors.GpextWarning`` was issued while fitting the
@@ -367,18 +371,26 @@ def make_acquisition(problem, arm, fitted, x, y, feasible, g, record) -> Acquisi
     return FeasibilityWeightedAcquisition(base, classifier, feasible_class=1)
 
 
-def posterior_check(fitted: Fitted, x_check, f_check, y_train) -> tuple[bool, float]:
-    """(flat or non-finite posterior, 90% coverage of the true values) on the check points."""
+def posterior_check(
+    fitted: Fitted, x_check, f_check, y_train, x_train=None
+) -> tuple[bool, float, float]:
+    """(flat or non-finite posterior, 90% coverage of the true values, correlation of the
+    predictive sd with the distance to the nearest training input) on the check points (the
+    correlation is NaN without ``x_train`` or for a constant sd)."""
     with torch.no_grad():
         post = fitted.model.posterior(x_check.unsqueeze(-2))
         mean = post.mean.reshape(-1) * fitted.scale + fitted.shift
         sd = post.variance.reshape(-1).clamp_min(0.0).sqrt() * fitted.scale
     if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(sd).all())):
-        return True, float("nan")
+        return True, float("nan"), float("nan")
     y_sd = float(y_train.std())
     flat = y_sd > 0 and (float(mean.std()) < 1e-2 * y_sd or float(sd.max()) < 1e-6 * y_sd)
     coverage = float(((f_check.reshape(-1) - mean).abs() <= Z90 * sd).double().mean())
-    return flat, coverage
+    corr = float("nan")
+    if x_train is not None and float(sd.std()) > 0:
+        dist = torch.cdist(x_check.to(sd), x_train.to(sd)).min(-1).values
+        corr = float(torch.corrcoef(torch.stack([sd, dist]))[0, 1])
+    return flat, coverage, corr
 
 
 # -------------------------------------------------------------------------------------- one run
@@ -433,7 +445,7 @@ def run_one(problem_name: str, arm: str, seed: int, cfg: dict) -> dict:
     x_check = torch.rand(NUM_CHECK_POINTS, d, generator=check_gen, dtype=DTYPE)
     f_check = problem.evaluate(x_check)[0]
     g = torch.Generator().manual_seed(10_000 + seed)
-    times, coverages = [], []
+    times, coverages, distance_corrs = [], [], []
     counts = Counter()  # fits, error_fits, warned_fits, flat_fits, degenerate_fits
     warned = Counter()  # warning name -> number of fits in which it was issued
     messages: dict[str, str] = {}
@@ -483,10 +495,10 @@ def run_one(problem_name: str, arm: str, seed: int, cfg: dict) -> dict:
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    flat, cov = posterior_check(fitted, x_check, f_check, y)
+                    flat, cov, corr = posterior_check(fitted, x_check, f_check, y, x)
                 record(caught, "posterior")
             except Exception as err:  # noqa: BLE001
-                flat, cov = True, float("nan")
+                flat, cov, corr = True, float("nan"), float("nan")
                 msg = f"posterior check: {type(err).__name__}: {err}"[:300]
                 if msg not in errors:
                     errors.append(msg)
@@ -494,6 +506,8 @@ def run_one(problem_name: str, arm: str, seed: int, cfg: dict) -> dict:
                 flags.add("flat")
             if not math.isnan(cov):
                 coverages.append(cov)
+            if not math.isnan(corr):
+                distance_corrs.append(corr)
         warned.update(fit_warnings)
         for flag in ("error", "warned", "flat"):
             counts[f"{flag}_fits"] += flag in flags
@@ -515,6 +529,7 @@ def run_one(problem_name: str, arm: str, seed: int, cfg: dict) -> dict:
         "seconds_per_iteration": statistics.mean(times) if times else 0.0,
         "evaluations": int(y.shape[0]),
         "coverage90": statistics.mean(coverages) if coverages else None,
+        "sd_distance_corr": statistics.mean(distance_corrs) if distance_corrs else None,
         **{
             k: int(counts[k])
             for k in ("fits", "error_fits", "warned_fits", "flat_fits", "degenerate_fits")
@@ -563,6 +578,9 @@ def summarise(runs: list[dict]) -> list[dict]:
                 row["time_ratio_vs_singletaskgp"] = sec / base_sec
             if cov:
                 row["coverage90"] = statistics.mean(cov)
+            corr = [r["sd_distance_corr"] for r in sel if r.get("sd_distance_corr") is not None]
+            if corr:
+                row["sd_distance_corr"] = statistics.mean(corr)
             for k in ("fits", "error_fits", "warned_fits", "flat_fits", "degenerate_fits"):
                 row[k] = sum(r[k] for r in sel)
             if "feasible_fraction" in sel[0]:

@@ -113,6 +113,9 @@ def test_tiny_run_resume_and_combine(bench, tmp_path):
         assert row["error_fits"] == 0, data["errors"]
     assert all(isinstance(v, bool) for v in data["goals"].values())
     assert data["config"]["quick"] is True
+    # a GP's uncertainty grows away from the evaluated points
+    gp = [r for r in data["rows"] if r["method"] == "singletaskgp" and r["dataset"] == "branin"]
+    assert gp[0]["sd_distance_corr"] > 0.3
     # resume: a second call with the same partial file reruns nothing
     lines = part_a.read_text().splitlines()
     assert bench.main(argv) == 0
@@ -130,3 +133,33 @@ def test_tiny_run_resume_and_combine(bench, tmp_path):
     assert combined["config"]["quick"] is True and combined["command"].startswith(
         "python benchmarks/bo.py --combine"
     )
+
+
+def test_posterior_check_correlates_the_sd_with_the_distance_to_the_data(bench):
+    x_train = torch.tensor([[0.2, 0.2], [0.8, 0.7]], dtype=torch.float64)
+
+    class _Posterior:
+        def __init__(self, sd):
+            self.mean, self.variance = torch.zeros_like(sd), sd**2
+
+    class _DistanceModel:  # sd = distance to the nearest training input, or to the centre
+        def __init__(self, to_data):
+            self.to_data = to_data
+
+        def posterior(self, X):
+            pts = X.squeeze(-2)
+            ref = x_train if self.to_data else torch.full((1, 2), 0.5, dtype=pts.dtype)
+            return _Posterior(torch.cdist(pts, ref).min(-1).values.reshape(-1, 1, 1))
+
+    x_check = torch.rand(200, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    f_check = torch.zeros(200, 1, dtype=torch.float64)
+    y = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    _, _, corr = bench.posterior_check(bench.Fitted(_DistanceModel(True)), x_check, f_check,
+                                       y, x_train)  # fmt: skip
+    assert corr == pytest.approx(1.0)
+    _, _, corr = bench.posterior_check(bench.Fitted(_DistanceModel(False)), x_check, f_check,
+                                       y, x_train)  # fmt: skip
+    assert corr < 0.9
+    # without training inputs: no correlation
+    assert math.isnan(bench.posterior_check(bench.Fitted(_DistanceModel(True)), x_check,
+                                            f_check, y)[2])  # fmt: skip
