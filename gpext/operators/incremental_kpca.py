@@ -113,12 +113,13 @@ class IncrementalKPCA(torch.nn.Module):
     Degenerate points are always added and recorded in :attr:`degenerate_points` (and, by default,
     warned about): ``"zero_self_similarity"`` (:math:`k \le` ``degenerate_rtol`` times the
     largest self-similarity), ``"centered_self_similarity_zero"`` (the centred :math:`k_c` is that
-    small) and ``"duplicate"`` (cosine similarity 1 in feature space with a stored point). When
-    the (centred) self-similarity is that small, :math:`\sigma = 4/k` would blow up, so the column
-    is appended as :math:`\operatorname{diag}(K, k) + e a'^\top + a' e^\top` with two rank-one
-    updates of weight :math:`\pm 1/2` instead (exact for any :math:`k`, no division by it).
+    small) and ``"duplicate"`` (cosine similarity 1 in feature space with a stored point). The
+    arrowhead solve never divides by :math:`k`; with ``max_components``, where
+    :math:`\sigma = 4/k` would blow up, the column is appended as
+    :math:`\operatorname{diag}(K, k) + e a'^\top + a' e^\top` with two rank-one updates of
+    weight :math:`\pm 1/2` instead (exact for any :math:`k`, no division by it).
 
-    Adding a point costs one kernel row against the stored points plus the rank-one updates: the
+    Adding a point costs one kernel row against the stored points plus the eigen-update: the
     points sit in a block that grows by doubling (or is sized once with :meth:`reserve`), so no
     stored point is copied per update, and for an exact ``gpytorch.kernels.LinearKernel`` (no
     ``active_dims``) the row is ``variance * X x`` computed on the block itself (GPyTorch's
@@ -147,20 +148,22 @@ class IncrementalKPCA(torch.nn.Module):
     :math:`\sqrt{m/(m+1)}\, U^\top a_0` and :math:`m k_0/(m+1)`: one Givens rotation of the
     basis and one arrowhead solve, instead of the four updates above.
 
-    **Dispatch.** :meth:`update` of ``n`` points compares the rank-one path (Python and host
-    work of the secular iterations, 1-3 ms per rank-one update below ``m ~ 400``, two per
-    point, plus :math:`O(m^2)`) with one batch ``eigh`` of the grown matrix after storing the
-    points, by a cost model calibrated on measured single-thread timings (see ``_secular.py``;
-    the crossover for one point is at about ``m = 250``, and many points at once go to
-    ``eigh``), and takes the cheaper; ``method="rank_one"`` or ``"eigh"`` forces one. The batch
-    path stores all ``n`` points with one kernel call and makes the degenerate-point checks
-    below for all of them at once. Measured (``benchmarks/inkpca.py``, one thread, RBF kernel):
-    adding one point costs 0.28x an ``eigh`` of the same matrix at ``m = 500``, 0.13x at
-    ``m = 1000`` and 0.06x at ``m = 2000``, centred or not. Below the crossover it is the batch
-    ``eigh`` plus a fixed cost of about 0.3 ms (input and kernel checks, the kernel row, the
-    checks for degenerate points): 1.3x recomputing with plain GPyTorch and torch
-    (``kernel(X)`` and ``eigh``) at ``m = 50``, 1.2x at ``m = 100``. With the basis read after
-    every point, its products (two ``m x m`` GEMMs) or an ``eigh`` come on top.
+    **Dispatch.** :meth:`update` of ``n`` points compares the incremental path (Python and host
+    work of the secular iterations, 1-3 ms per solve below ``m ~ 400``, one per point, plus
+    :math:`O(m^2)`) with one batch ``eigh`` of the grown matrix after storing the points, by a
+    cost model calibrated on measured single-thread timings (see ``_secular.py``; the
+    crossover for one point is at about ``m = 160``, and many points at once go to ``eigh``),
+    and takes the cheaper; ``method="rank_one"`` or ``"eigh"`` forces one. The batch path
+    stores all ``n`` points with one kernel call and makes the degenerate-point checks below
+    for all of them at once. Measured (``benchmarks/inkpca.py``, one thread, RBF kernel):
+    adding one point costs 0.18x an ``eigh`` of the same matrix at ``m = 500`` (0.16x
+    centred), 0.07x at ``m = 1000`` and 0.03x at ``m = 2000``; 0.62x recomputing at
+    ``m = 250`` (0.52x centred). Below the crossover it is the batch ``eigh`` plus a fixed cost
+    (input and kernel checks, the kernel row, the checks for degenerate points, and for the
+    centred variant the exact null vector): 1.2x recomputing with plain GPyTorch and torch
+    (``kernel(X)`` and ``eigh``) at ``m = 50`` and 1.4x at ``m = 100`` (centred 2.0x and
+    1.6x). With the basis read after every point, its product (one ``m x m`` GEMM) or an
+    ``eigh`` comes on top.
 
     Eigenpairs used by :meth:`transform`, :meth:`nystrom` and :meth:`expansion_coefficients`
     follow one documented rule: an eigenpair is kept only if
