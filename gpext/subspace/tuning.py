@@ -859,7 +859,7 @@ def select_mixture_temperature(
     1 x 50 network, 20 splits, 10% of the training rows held out): against each run's own
     temperature, the mixture's temperature and variance scale brought yacht's 95% coverage
     from 0.98-1.00 to 0.93-0.95 (test log-likelihood of the best arm -0.227 against -0.205),
-    kept boston and concrete within 0.03 nats, and cost energy 0.03-0.36 nats (31-77 held-out
+    kept boston and concrete within 0.03 nats, and cost energy 0.03-0.36 nats (69 held-out
     rows choose two hyperparameters there; ``calibrate_variance=False`` keeps the first).
 
     Args:
