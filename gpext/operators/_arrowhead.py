@@ -29,7 +29,7 @@ The steps mirror :mod:`gpext.operators._secular`:
 2. Deflation: ``|z_i|`` at rounding level leaves ``(d_i, e_i)``; (nearly) equal poles are merged
    by a Givens rotation (``_deflate_pairs``). The corner never deflates.
 3. The ``k + 1`` roots of the ``k`` remaining poles are solved at once by the same safeguarded
-   fixed-weight rational iteration (``_secular._Sums``, ``_model_root``, ``_bisect``), with
+   fixed-weight rational iteration (``_secular._iterate``), with
    ``g`` and ``g' = 1 + \sum_i z_i^2 / (d_i - \lambda)^2`` in place of the rank-one
    function; every root is an offset from its nearer pole (the end roots from the end poles).
 4. Gu-Eisenstat: with the roots :math:`\lambda_0 < d_0 < \lambda_1 < \dots < d_{k-1} <
@@ -52,11 +52,10 @@ import torch
 from gpext.errors import NumericalError, NumericalWarning
 from gpext.operators._secular import (
     _BLOCK,
-    _CONTRACT,
     _MAX_ITER,
     Factor,
-    _bisect,
     _deflate_pairs,
+    _iterate,
     _model_root,
     _Sums,
     _workspace,
@@ -142,72 +141,17 @@ def _solve(
     shift = d_o - alpha  # g = shift + tau + sum_i z_i^2 / (d0_i - tau)
     torch.sub(d[None, :], torch.from_numpy(d_o).to(dtype=dtype, device=device)[:, None], out=d0)
     sums = _Sums(d0, z, buf, res)
-    converged = np.zeros(n, dtype=bool)
-    swap = np.zeros(n, dtype=bool)
-    slow = np.zeros(n, dtype=np.int64)
-    f_prev = np.full(n, np.inf)
-    step_prev = np.full(n, np.inf)
-    todo = np.arange(n)
-    err_state = np.seterr(all="ignore")
-    try:
-        for _ in range(_MAX_ITER):
-            t = tau[todo]
-            s1, s2 = sums(None if todo.size == n else todo, t)
-            sh = shift[todo]
-            f = sh + t + s1
-            fp = 1.0 + s2
-            af = np.abs(f)
-            lo_t = np.where(f < 0, t, lo[todo])
-            hi_t = np.where(f > 0, t, hi[todo])
-            # Rounding-error bound of the evaluation (as for the rank-one function, with the
-            # linear term's own rounding): |g| <= eps (8 sum |z_i^2 / (d_i - lam)| + 2 |shift|
-            # + 2 |tau| + 3 |g| + |tau| g').
-            base = 2.0 * np.abs(sh) + 2.0 * np.abs(t) + 3.0 * af + np.abs(t) * fp
-            done = (hi_t - lo_t) <= 2.0 * eps * np.maximum(np.abs(lo_t), np.abs(hi_t))
-            cand = af <= eps * (8.0 * znorm * np.sqrt(np.maximum(fp - 1.0, 0.0)) + base)
-            if cand.any():
-                done |= cand & (af <= eps * (8.0 * sums.abs_sum(cand) + base))
-            if done.any():
-                converged[todo[done]] = True
-                keep = ~done
-                if not keep.any():
-                    break
-                todo, t, f, af, fp = todo[keep], t[keep], f[keep], af[keep], fp[keep]
-                lo_t, hi_t = lo_t[keep], hi_t[keep]
-            lo[todo], hi[todo] = lo_t, hi_t
-            do_, d2 = -t, p2[todo] - t
-            sw = swap[todo]
-            c = np.where(
-                sw,
-                f - do_ * fp - (w_2[todo] / (d2 * d2)) * (d2 - do_),
-                f - d2 * fp - (w_o[todo] / (do_ * do_)) * (do_ - d2),
-            )
-            a = (do_ + d2) * f - do_ * d2 * fp
-            eta = _model_root(a, do_ * d2 * f, c, lo_t - t, hi_t - t)
-            eta = np.where(eta == eta, eta, -f / fp)  # no model root: Newton
-            t_new = t + eta
-            ok = (t_new > lo_t) & (t_new < hi_t)
-            sl = np.where(af > 0.1 * f_prev[todo], slow[todo] + 1, 0)
-            swap[todo] = sw ^ (sl > 0)
-            ok &= sl < 3
-            slow[todo] = np.where(ok, sl, 0)
-            f_prev[todo] = np.where(ok, af, np.inf)
-            if not ok.all():
-                t_new = np.where(ok, t_new, _bisect(lo_t, hi_t, eps))
-            t_new = t_new.astype(npdt)
-            tau[todo] = t_new
-            step = np.where(ok, np.abs(eta), np.inf)
-            sp = step_prev[todo]
-            step_prev[todo] = step
-            settled = (sp < np.inf) & (step <= _CONTRACT * sp)
-            settled &= step**3 <= 0.1 * eps * sp * sp * np.abs(t_new)
-            if settled.any():
-                converged[todo[settled]] = True
-                todo = todo[~settled]
-                if not todo.size:
-                    break
-    finally:
-        np.seterr(**err_state)
+
+    def evaluate(todo, t, s1, s2):
+        sh = shift[todo]
+        f = sh + t + s1
+        fp = 1.0 + s2
+        # rounding-error bound of the evaluation, as for the rank-one function with the
+        # linear term's own rounding: |g| <= eps (8 sum |z_i^2 / (d_i - lam)| + 2 |shift|
+        # + 2 |tau| + 3 |g| + |tau| g')
+        return f, fp, 2.0 * np.abs(sh) + 2.0 * np.abs(t) + 3.0 * np.abs(f) + np.abs(t) * fp
+
+    converged = _iterate(sums, tau, lo, hi, p2, w_o, w_2, eps, npdt, znorm, evaluate)
     return origin, tau, d0, int((~converged).sum())
 
 

@@ -302,29 +302,52 @@ def _solve_secular(
     tau = tau.astype(npdt).astype(np.float64)
     torch.sub(d[None, :], d[torch.from_numpy(origin).to(device)][:, None], out=d0)
     sums = _Sums(d0, z, buf, res)
-    converged = np.zeros(k, dtype=bool)
-    swap = np.zeros(k, dtype=bool)  # use the other pole's weight in the model
-    slow = np.zeros(k, dtype=np.int64)  # consecutive evaluations without a tenfold |f| decrease
-    f_prev = np.full(k, np.inf)
-    step_prev = np.full(k, np.inf)  # size of the previous model step (inf after a bisection)
     znorm = math.sqrt(float(z2.sum()))
-    todo = np.arange(k)
+
+    def evaluate(todo, t, s1, s2):
+        f = 1.0 + s1
+        # |f| <= eps (8 sum_i |z_i^2 / (d_i - lam)| + 2 + 3 |f| + |tau| f'), f' = s2
+        return f, s2, 2.0 + 3.0 * np.abs(f) + np.abs(t) * s2
+
+    converged = _iterate(sums, tau, lo, hi, p2, w_o, w_2, eps, npdt, znorm, evaluate)
+    return origin, tau, d0, int((~converged).sum())
+
+
+def _iterate(sums, tau, lo, hi, p2, w_o, w_2, eps, npdt, znorm, evaluate) -> np.ndarray:
+    """The safeguarded fixed-weight rational iteration of all roots at once (in place on
+    ``tau``, ``lo`` and ``hi``), shared by the rank-one and the arrowhead secular functions.
+
+    ``evaluate(todo, t, s1, s2)`` turns the sums of :class:`_Sums` at the offsets ``t`` of the
+    roots ``todo`` into the function value, its derivative and the rounding-error bound of
+    the evaluation without its ``8 sum_i |z_i^2 / (d_i - lam)|`` term. A root stops on that
+    bound (the absolute sum, at most ``||z|| sqrt(s2)`` by Cauchy-Schwarz, is computed only
+    when the test can pass), on a bracket at rounding level, or without a further evaluation
+    once its steps contract quadratically. The model is ``c + w_o / (d_o - lam) + s / (d_2 -
+    lam)`` fitted to the value and the derivative (``w_o`` exact; the other pole's weight
+    exact after a stall), Newton where it has no root in the bracket, and bisection after
+    three stalls in a row.
+
+    Returns:
+        Which roots converged. # shape: (n,)
+    """
+    n = tau.size
+    converged = np.zeros(n, dtype=bool)
+    swap = np.zeros(n, dtype=bool)  # use the other pole's weight in the model
+    slow = np.zeros(n, dtype=np.int64)  # consecutive evaluations without a tenfold |f| decrease
+    f_prev = np.full(n, np.inf)
+    step_prev = np.full(n, np.inf)  # size of the previous model step (inf after a bisection)
+    todo = np.arange(n)
     err_state = np.seterr(all="ignore")
     try:
         for _ in range(_MAX_ITER):
             t = tau[todo]
-            s1, fp = sums(None if todo.size == k else todo, t)
-            f = 1.0 + s1
+            s1, s2 = sums(None if todo.size == n else todo, t)
+            f, fp, base = evaluate(todo, t, s1, s2)
             af = np.abs(f)
             lo_t = np.where(f < 0, t, lo[todo])
             hi_t = np.where(f > 0, t, hi[todo])
-            # Stopping test |f| <= eps (8 sum_i |z_i^2 / (d_i - lam)| + 2 + 3 |f| + |tau| f'),
-            # the rounding-error bound of the evaluation. The absolute sum is at most
-            # ||z|| sqrt(f') (Cauchy-Schwarz): it is computed only when that says the test can
-            # pass.
-            base = 2.0 + 3.0 * af + np.abs(t) * fp
             done = (hi_t - lo_t) <= 2.0 * eps * np.maximum(np.abs(lo_t), np.abs(hi_t))
-            cand = af <= eps * (8.0 * znorm * np.sqrt(fp) + base)
+            cand = af <= eps * (8.0 * znorm * np.sqrt(s2) + base)
             if cand.any():
                 done |= cand & (af <= eps * (8.0 * sums.abs_sum(cand) + base))
             if done.any():
@@ -335,8 +358,6 @@ def _solve_secular(
                 todo, t, f, af, fp = todo[keep], t[keep], f[keep], af[keep], fp[keep]
                 lo_t, hi_t = lo_t[keep], hi_t[keep]
             lo[todo], hi[todo] = lo_t, hi_t
-            # Fixed-weight two-pole model c + w_o / (d_o - lam) + s / (d_2 - lam) fitted to f
-            # and f' at the current point (w_o exact; with ``swap`` the other weight is exact).
             do_, d2 = -t, p2[todo] - t  # d_o - lam, d_2 - lam
             sw = swap[todo]
             c = np.where(
@@ -373,7 +394,7 @@ def _solve_secular(
                     break
     finally:
         np.seterr(**err_state)
-    return origin, tau, d0, int((~converged).sum())
+    return converged
 
 
 def _eigenvectors(
