@@ -786,9 +786,7 @@ class IncrementalKPCA(torch.nn.Module):
         self._null, self._null_sign = q, -1.0
         return evals, evecs
 
-    def _add_centered(
-        self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor, degenerate: bool
-    ) -> None:
+    def _add_centered(self, a: torch.Tensor, k: torch.Tensor, a_sum: torch.Tensor) -> None:
         r"""Add a point to the centred decomposition with one arrowhead solve (not four
         rank-one updates).
 
@@ -822,7 +820,6 @@ class IncrementalKPCA(torch.nn.Module):
                                  _arange(n), None))  # fmt: skip
         self._null = null
         self._border(c, kp)
-        return
 
     def _push_factor(self, factor: Factor) -> None:
         self._pending.append(factor)
@@ -831,22 +828,13 @@ class IncrementalKPCA(torch.nn.Module):
             s = int(np.flatnonzero(factor.perm == self._null)[0])
             self._null = int(factor.rank[s])
 
-    def _border(self, z: torch.Tensor, corner: float) -> Factor:
+    def _border(self, z: torch.Tensor, corner: float) -> None:
         """Eigenpairs of the arrowhead ``[[diag(lam), z], [z^T, corner]]`` in the bordered
-        basis (its new unit vector last, already pushed); returns the pushed factor."""
+        basis (its new unit vector last, already pushed); the factor is kept pending."""
         if self._null is not None:
             z[self._null] = 0.0
         self._evals, factor = arrowhead_eigvals_factor(self._evals, z, corner)
         self._push_factor(factor)
-        return factor
-
-    def _rank_one_z(self, z: torch.Tensor, sigma: float) -> Factor:
-        """Rank-one update with ``z = U^T v`` given (deferred basis); returns its factor."""
-        if self._null is not None:
-            z[self._null] = 0.0
-        self._evals, factor = rank_one_eigvals_factor(self._evals, z, float(sigma))
-        self._push_factor(factor)
-        return factor
 
     # ------------------------------------------------------------------ deferred basis
     def _clear_pending(self) -> None:
@@ -1043,18 +1031,8 @@ class IncrementalKPCA(torch.nn.Module):
         self._evals = torch.cat([self._evals[:p], beta_t, self._evals[p:]])
         if m == 0:
             return
-        if not degenerate:
+        if not degenerate:  # the truncated basis (max_components): Eq. 7's two updates
             sigma = 4.0 / kk
-            if self.max_components is None:
-                # v2 = v1 - (k/4) e_{m+1} and the bordered basis maps e_{m+1} to e_p, so one
-                # projection serves both updates (z2 carried through the first factor).
-                z1 = self._project(torch.cat([a, k.new_tensor([kk / 2])]))
-                self._pending_spent += _PROJECT * self._pending_numel
-                z2 = z1.clone()
-                z2[p] = kk / 4
-                f1 = self._rank_one_z(z1, sigma)
-                self._rank_one_z(f1.apply_transpose(z2), -sigma)
-                return
             self._rank_one(torch.cat([a, k.new_tensor([kk / 2])]), sigma)
             self._rank_one(torch.cat([a, k.new_tensor([kk / 4])]), -sigma)
             return
@@ -1167,7 +1145,7 @@ class IncrementalKPCA(torch.nn.Module):
         a, k = col[:m], col[m]
         a_sum = a.sum()
         if self.centered and m and self._null is not None:
-            self._add_centered(a, k, a_sum, degenerate)
+            self._add_centered(a, k, a_sum)  # no division by k: degenerate points alike
         elif self.centered:
             # A single centred point is the zero vector: append (0, e_1) as is.
             a_c, k_c = self._recenter(a, k, a_sum) if m else (a, k.new_zeros(()))
