@@ -51,11 +51,11 @@ import torch
 
 from gpext.errors import NumericalError, NumericalWarning
 from gpext.operators._secular import (
-    _BLOCK,
     _MAX_ITER,
     Factor,
     _deflate_pairs,
     _iterate,
+    _log_abs_column_products,
     _model_root,
     _Sums,
     _workspace,
@@ -182,16 +182,7 @@ def _eigenvectors(
     dd = torch.sub(d[None, :], d[:, None], out=_workspace(0, (k, k), dtype, device))
     dd.diagonal().fill_(-scale)
     ratio = torch.div(diff[:k], dd, out=dd)  # (lam_r - d_i) / (d_r - d_i), row r < k
-    last = diff[k]
-    if ratio.dtype != torch.float64:
-        ratio, last = ratio.double(), last.double()
-    full = (k // _BLOCK) * _BLOCK
-    log_z2 = last.abs().log()
-    if full:
-        log_z2 += ratio[:full].view(-1, _BLOCK, k).prod(1).abs_().log_().sum(0)
-    if full < k:
-        log_z2 += ratio[full:].prod(0).abs_().log_()
-    log_z2 += math.log(scale)
+    log_z2 = _log_abs_column_products(ratio) + diff[k].double().abs().log() + math.log(scale)
     zhat = torch.exp(0.5 * log_z2).to(dtype).mul_(z_sign)
     q = torch.empty(n, n, dtype=dtype, device=device)
     torch.div(zhat, diff, out=q[:, :k])

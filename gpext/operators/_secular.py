@@ -397,6 +397,21 @@ def _iterate(sums, tau, lo, hi, p2, w_o, w_2, eps, npdt, znorm, evaluate) -> np.
     return converged
 
 
+def _log_abs_column_products(ratio: torch.Tensor) -> torch.Tensor:
+    """``log |prod_r ratio[r, i]|`` per column, in float64: products over blocks of
+    ``_BLOCK`` consecutive rows (telescoping runs stay far inside the range), their logarithms
+    summed. # shape: (k,)"""
+    ratio = ratio.double()
+    rows, k = ratio.shape
+    full = (rows // _BLOCK) * _BLOCK
+    out = torch.zeros(k, dtype=torch.float64, device=ratio.device)
+    if full:
+        out += ratio[:full].view(-1, _BLOCK, k).prod(1).abs_().log_().sum(0)
+    if full < rows:
+        out += ratio[full:].prod(0).abs_().log_()
+    return out
+
+
 def _eigenvectors(
     d: torch.Tensor,
     z_sign: torch.Tensor,
@@ -421,15 +436,7 @@ def _eigenvectors(
     dd = torch.sub(d[None, :], d[:, None], out=_workspace(0, (k, k), dtype, device))
     dd.diagonal().fill_(-scale)
     ratio = torch.div(diff, dd, out=dd)  # (lam_j - d_i) / (d_j - d_i), row j
-    if ratio.dtype != torch.float64:
-        ratio = ratio.double()
-    full = (k // _BLOCK) * _BLOCK
-    log_z2 = torch.zeros(k, dtype=torch.float64, device=device)
-    if full:
-        log_z2 += ratio[:full].view(-1, _BLOCK, k).prod(1).abs_().log_().sum(0)
-    if full < k:
-        log_z2 += ratio[full:].prod(0).abs_().log_()
-    log_z2 += math.log(scale)
+    log_z2 = _log_abs_column_products(ratio) + math.log(scale)
     zhat = torch.exp(0.5 * log_z2).to(dtype).mul_(z_sign)
     # q[r, i] = zhat_i / (d_i - lam_r), in the workspace or (``fresh``) in a tensor of its own
     q = torch.div(zhat, diff) if fresh else torch.div(zhat, diff, out=diff)
