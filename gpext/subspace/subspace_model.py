@@ -56,6 +56,22 @@ from gpext.utils.validation import as_model_input
 __all__ = ["SubspaceModel"]
 
 
+def _variance_scale_search(
+    means: torch.Tensor, variances: torch.Tensor, y: torch.Tensor
+) -> tuple[float, float]:
+    r"""``(kappa, score)``: the factor on every sample's predicted variance that maximises the
+    mean held-out log density of the equal mixture, :math:`\frac1M \sum_i \log \frac1S
+    \sum_s \mathcal N(y_i; \mu_{s,i}, \kappa \sigma^2_{s,i})`, on a grid of
+    :math:`\log\kappa \in [-7, 7]` refined by golden section
+    (:func:`gpext.fit.minimize_scalar_on_grid`). # shapes: (S, M), (S, M), (M,)"""
+
+    def neg_ll(log_kappa: float) -> float:
+        return -mixture_gaussian_log_likelihood(means, variances * math.exp(log_kappa), y)
+
+    log_kappa, value = minimize_scalar_on_grid(neg_ll, torch.linspace(-7.0, 7.0, 57).tolist())
+    return math.exp(log_kappa), -value
+
+
 class SubspaceModel(nn.Module):
     r"""A network restricted to an affine weight subspace, with ESS and mean-field VI over it.
 
@@ -489,14 +505,7 @@ class SubspaceModel(nn.Module):
             out, y_val = self._predict_data(x_val, y_val, thetas)
         finally:
             self.variance_scale = saved
-        means, variances = out["means"], out["variances"]
-
-        def neg_ll(log_kappa: float) -> float:
-            return -mixture_gaussian_log_likelihood(means, variances * math.exp(log_kappa), y_val)
-
-        grid = torch.linspace(-7.0, 7.0, 57).tolist()
-        log_kappa, value = minimize_scalar_on_grid(neg_ll, grid)
-        return math.exp(log_kappa), -value
+        return _variance_scale_search(out["means"], out["variances"], y_val)
 
     def calibrate_variance(
         self, x_val: torch.Tensor | Iterable, y_val: torch.Tensor | None, thetas: torch.Tensor

@@ -72,7 +72,7 @@ from gpext.subspace.data import (
 from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.multi_swag import MultiSWAG
 from gpext.subspace.output_likelihood import OutputLikelihood
-from gpext.subspace.subspace_model import SubspaceModel
+from gpext.subspace.subspace_model import SubspaceModel, _variance_scale_search
 from gpext.subspace.weight_posterior import (
     LowRankGaussianWeightPosterior,
     WeightMixture,
@@ -966,7 +966,7 @@ def select_mixture_temperature(
         fitted[e] = qs
         pooled = {k: torch.cat([p[k] for p in preds], dim=0) for k in preds[0]}
         if calibrate_variance and "means" in pooled:
-            kappas[e], value = _best_mixture_variance_scale(pooled, targets)
+            kappas[e], value = _variance_scale_search(pooled["means"], pooled["variances"], targets)
             return value, draws
         return validation_log_likelihood(pooled, targets), draws
 
@@ -988,21 +988,6 @@ def select_mixture_temperature(
     return HyperparameterSelection(
         sel.value, sel.samples, sel.scores, "temperature_exponent", details
     )
-
-
-def _best_mixture_variance_scale(
-    prediction: dict[str, torch.Tensor], y_val: torch.Tensor
-) -> tuple[float, float]:
-    """``(kappa, score)``: the factor on every draw's variance that maximises the held-out
-    mixture log density, on a grid of ``log kappa`` in ``[-7, 7]`` refined by golden section."""
-    means, variances = prediction["means"], prediction["variances"]
-    y = y_val.to(means)
-
-    def neg_ll(log_kappa: float) -> float:
-        return -float(_mixture_ll(means, variances * math.exp(log_kappa), y))
-
-    log_kappa, value = minimize_scalar_on_grid(neg_ll, torch.linspace(-7.0, 7.0, 57).tolist())
-    return math.exp(log_kappa), -value
 
 
 def regression_network(
