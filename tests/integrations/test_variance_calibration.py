@@ -154,6 +154,9 @@ def test_adapters_without_calibration_say_so():
     model = GWISurrogate(m, lik, train_X=x, train_Y=y)
     with pytest.raises(NotFittedError, match="calibrat"):
         fit_gpext_surrogate(model, calibrate=True, epochs=2)
+    # an adapter that cannot be calibrated keeps no unfitted copy for calibration folds
+    fit_gpext_surrogate(model, epochs=2)
+    assert "_gpext_unfitted_adapter" not in model.__dict__
 
 
 def test_fold_warnings_are_recorded_not_raised():

@@ -141,9 +141,13 @@ def fit_gpext_surrogate(
         model._set_variance_scale(1.0)  # fails early for adapters without calibration
     model.epistemic_scale = 1.0
     pristine = model.__dict__.get(_PRISTINE)
-    if pristine is None:
+    calibratable = isinstance(model, SampleEnsembleSurrogate) or (
+        type(model)._set_variance_scale is not LatentGPSurrogate._set_variance_scale
+    )
+    if pristine is None and calibratable:
         # the adapter before its first fit, outside the module tree (no parameters, buffers or
         # state-dict entries of its own); the calibration folds of every later fit start here
+        # (adapters that cannot be calibrated, e.g. classifiers and GWI, need no copy)
         pristine = model.__dict__[_PRISTINE] = (_unfitted_copy(model),)
     model._fit_wrapped(X, Y, **fit_kwargs)
     model.variance_calibration = None
