@@ -118,7 +118,8 @@ class IGNSurrogate(LatentGPSurrogate):
         Builds an unfitted regression :class:`~gpext.models.InducingGPNetwork` in the data's
         dtype and device: the embedding is
         :class:`~gpext.nn.InputAugmentedEmbedding` ``(MLP(d, hidden_features, feature_dim))``
-        (features :math:`[g(x), x]`, so the predictive variance grows away from the data) or
+        (features :math:`[g(x), x]`: feature distances are at least input distances; the
+        class docstring says what that gave on small designs) or
         the bare MLP (``input_augmented=False``), with ``min(num_inducing, n)`` inducing
         points (the sizes of ``benchmarks/bo.py``).  Ax passes ``ModelConfig.model_options``
         here and fits with :func:`~gpext.integrations.botorch.ax_support.fit_ax_surrogate`.
