@@ -177,7 +177,8 @@ from gpext_bench import write_results
 
 DTYPE = torch.float64
 PROBLEMS = ("branin", "hartmann6", "ackley20", "exp2d", "chartmann6")
-GPEXT_ARMS = ("ign", "gwi", "vboot_rff", "vboot_mlp", "swag", "multiswag", "pca_ess", "pca_vi")
+GPEXT_ARMS = ("ign", "gwi", "vboot_rff", "vboot_mlp", "swag", "multiswag", "pca_ess", "pca_vi",
+              "last_layer")
 ARMS = ("random", "singletaskgp", "vbll", *GPEXT_ARMS, "singletaskgp_constraints")
 CONSTRAINED_ONLY_ARMS = ("singletaskgp_constraints",)
 NUM_CHECK_POINTS = 256
@@ -292,7 +293,7 @@ def fit_objective(arm: str, x: torch.Tensor, y: torch.Tensor, g: torch.Generator
     )
     from gpext.integrations.botorch.ax_support import ax_fit_defaults
 
-    if arm in ("swag", "multiswag", "pca_ess", "pca_vi"):
+    if arm in ("swag", "multiswag", "pca_ess", "pca_vi", "last_layer"):
         return Fitted(
             fit_weight_ensemble(x, y, method=arm, outcome_transform=Standardize(1), generator=g)
         )

@@ -23,11 +23,13 @@
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
   :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
   predictive of a Gaussian over the coordinates or over (a selection of) the weights,
-  :func:`linearized_predictive`.
+  :func:`linearized_predictive`; the exact posterior of the last linear layer with
+  evidence-tuned prior and noise precisions, :class:`BayesianLastLayer`.
 """
 
 from gpext.fit.temperature import HyperparameterSelection
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
+from gpext.subspace.bayesian_last_layer import BayesianLastLayer
 from gpext.subspace.bayesian_model_averaging import (
     classification_average,
     predict_weight_samples,
@@ -79,6 +81,7 @@ from gpext.subspace.weight_posterior import (
 )
 
 __all__ = [
+    "BayesianLastLayer",
     "CurveSubspace",
     "RandomSubspace",
     "bezier_point",

@@ -134,6 +134,7 @@ def all_regression(dtype: torch.dtype) -> dict:
         "multiswag": weight_ensemble(dtype, "multiswag"),
         "pca_ess": weight_ensemble(dtype, "pca_ess"),
         "pca_vi": weight_ensemble(dtype, "pca_vi"),
+        "last_layer": weight_ensemble(dtype, "last_layer"),
     }
 
 

@@ -108,3 +108,32 @@ def test_errors():
         fit_weight_ensemble(x, y, swag_scale=-1.0)
     with pytest.raises(InputDataError, match="recipes"):
         fit_weight_ensemble(x, y, recipes={})
+    with pytest.raises(InputDataError, match="last_layer"):
+        fit_weight_ensemble(x, y, method="last_layer", likelihood="heteroscedastic")
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+def test_last_layer_members_are_draws_of_the_exact_last_layer_posterior(dtype):
+    from gpext.subspace import BayesianLastLayer, FlatParameters
+
+    x, y = _data(20, dtype)
+    model = fit_weight_ensemble(x, y, method="last_layer", num_samples=6, calibrate=False,
+                                generator=torch.Generator().manual_seed(0),
+                                **{k: v for k, v in SMALL.items() if k != "num_samples"})  # fmt: skip
+    sel = model.fit_selection
+    assert sel["likelihood"] == "homoscedastic" and model.likelihood.kind == "gaussian"
+    net = model.model
+    bll = BayesianLastLayer(net).fit(x, y)  # the network is kept at its SWA mean
+    assert math.isclose(sel["noise_variance"], bll.noise_variance, rel_tol=1e-5)
+    assert math.isclose(model.likelihood.noise_variance, bll.noise_variance, rel_tol=1e-5)
+    assert math.isclose(sel["prior_precision"], float(bll.prior_precision), rel_tol=1e-5)
+    assert math.isclose(sel["log_evidence"], float(bll.log_evidence), rel_tol=1e-5, abs_tol=1e-6)
+    w = model.sample_weights
+    flat = FlatParameters(net)
+    head = FlatParameters(net, "last_layer").num_parameters
+    assert w.shape == (6, flat.num_parameters)
+    assert torch.equal(w[:, :-head], flat.flatten()[:-head].expand(6, -1))  # one body
+    assert bool((w[:, -head:].std(0) > 0).all())  # the last layer varies
+    post = model.posterior(torch.rand(5, 2, dtype=dtype))
+    assert post.mean.shape == (5, 1) and post.mean.dtype == dtype
+    assert bool((post.variance > 0).all())

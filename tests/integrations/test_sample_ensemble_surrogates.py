@@ -31,7 +31,7 @@ from gpext.subspace import (
 )
 
 DTYPES = (torch.float32, torch.float64)
-METHODS = ("swag", "multiswag", "pca_ess", "pca_vi")
+METHODS = ("swag", "multiswag", "pca_ess", "pca_vi", "last_layer")
 
 
 def ensembles(dtype):
