@@ -14,6 +14,7 @@ from gpext.errors import (
     InputTypeError,
     NotFittedError,
     ShapeError,
+    VarianceCollapseWarning,
     expected_got,
 )
 from gpext.subspace.flat_parameters import FlatParameters
@@ -63,6 +64,13 @@ class BayesianLastLayer(nn.Module):
     intervals of an interpolating network are too narrow: calibrate them on held-out
     points (``fit_weight_ensemble`` does so by cross-validation on small designs).
 
+    The evidence can prefer explaining the targets as noise: :math:`\alpha \to \infty`,
+    :math:`m \to 0` (with 5 points and 51 features, on one of 36 small Branin designs).  The
+    updates stop once the effective number of parameters :math:`\gamma` is below
+    :math:`10^{-6}`; ``collapsed`` is then set and a
+    :class:`~gpext.errors.VarianceCollapseWarning` says so.  Fixing ``noise_precision`` (e.g.
+    at the noise the network learned) keeps a signal.
+
     Only the last module that holds parameters is Bayesian; it must be a
     :class:`torch.nn.Linear` with one output (a homoscedastic regression network such as
     ``gpext.subspace.regression_network("homoscedastic_gaussian", ...)``).  The body is read
@@ -84,7 +92,8 @@ class BayesianLastLayer(nn.Module):
     (:math:`m`), ``precision_cholesky`` (the Cholesky factor of :math:`S^{-1}`),
     ``base_weights`` (the network's flat weights at :meth:`fit`), ``prior_precision`` and
     ``noise_precision`` (:math:`\alpha`, :math:`\beta`), ``log_evidence`` (at them) and
-    ``num_iterations`` (the fixed-point updates made).
+    ``num_iterations`` (the fixed-point updates made), ``collapsed`` (the evidence's
+    preference for pure noise, above).
 
     Raises:
         InputTypeError: If ``module`` is not a module, or its last layer is not a
@@ -168,6 +177,7 @@ class BayesianLastLayer(nn.Module):
         self.register_buffer("log_evidence", torch.tensor(float("nan")))
         self.register_buffer("num_iterations", torch.tensor(0))
         self.register_buffer("fitted", torch.tensor(False))
+        self.register_buffer("collapsed", torch.tensor(False))
 
     # ------------------------------------------------------------------ features and fitting
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -210,6 +220,8 @@ class BayesianLastLayer(nn.Module):
 
         Warns:
             ConvergenceWarning: If the fixed-point updates did not settle in ``max_iter``.
+            VarianceCollapseWarning: If the evidence explains the targets as noise
+                (``collapsed``).
         """
         like = next(self.module.parameters())
         x = _as_input(x, "BayesianLastLayer.fit(x)", like)
@@ -237,12 +249,17 @@ class BayesianLastLayer(nn.Module):
         beta = self.fixed_noise_precision or 1.0 / var_y
         beta_max = self.max_noise_precision / var_y
         converged = self.fixed_prior_precision is not None and self.fixed_noise_precision is not None
-        iters = 0
+        iters, collapsed = 0, False
         while not converged and iters < self.max_iter:
             iters += 1
             mean, _ = _posterior(gram, fty, alpha, beta)
             lam = beta * eig
             gamma = float((lam / (alpha + lam)).sum())
+            if gamma < _COLLAPSED_GAMMA and self.fixed_prior_precision is None:
+                collapsed = True  # alpha -> infinity: the limit is the pure-noise model
+                if self.fixed_noise_precision is None:  # its noise: the targets' mean square
+                    beta = min(n / max(float(y64 @ y64), 1e-300), beta_max)
+                break
             resid = float(((y64 - f64 @ mean) ** 2).sum())
             new_alpha = alpha
             if self.fixed_prior_precision is None:
@@ -253,7 +270,17 @@ class BayesianLastLayer(nn.Module):
             change = max(abs(math.log(new_alpha / alpha)), abs(math.log(new_beta / beta)))
             alpha, beta = new_alpha, new_beta
             converged = change < self.tol
-        if not converged:
+        if collapsed:
+            warnings.warn(
+                f"BayesianLastLayer.fit: the evidence explains the {n} targets as noise (prior "
+                f"precision {alpha:.3g} growing without bound, effective parameters {gamma:.2g} "
+                f"of {m}): the posterior mean is about 0 and its variance about {1 / alpha:.2g}. "
+                "The last layer's features do not explain the targets at this sample size; fix "
+                "noise_precision (e.g. at the noise the network learned) to keep a signal.",
+                VarianceCollapseWarning,
+                stacklevel=2,
+            )
+        elif not converged:
             warnings.warn(
                 f"BayesianLastLayer.fit: the evidence updates did not settle in {self.max_iter} "
                 f"iterations (alpha {alpha:.3g}, beta {beta:.3g}); raise max_iter or fix "
@@ -277,6 +304,7 @@ class BayesianLastLayer(nn.Module):
         self.log_evidence = torch.tensor(log_ev, dtype=torch.float64, device=device)
         self.num_iterations = torch.tensor(iters, device=device)
         self.fitted = torch.tensor(True, device=device)
+        self.collapsed = torch.tensor(collapsed, device=device)
         return self
 
     # ------------------------------------------------------------------ posterior use
@@ -346,6 +374,9 @@ class BayesianLastLayer(nn.Module):
     def _check_fitted(self, what: str) -> None:
         if not bool(self.fitted):
             raise NotFittedError(f"BayesianLastLayer.{what}: call fit(x, y) first.")
+
+
+_COLLAPSED_GAMMA = 1e-6  # effective parameters below which the evidence chose pure noise
 
 
 def _as_input(x: object, name: str, like: torch.Tensor) -> torch.Tensor:

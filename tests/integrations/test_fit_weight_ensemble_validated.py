@@ -137,3 +137,33 @@ def test_last_layer_members_are_draws_of_the_exact_last_layer_posterior(dtype):
     post = model.posterior(torch.rand(5, 2, dtype=dtype))
     assert post.mean.shape == (5, 1) and post.mean.dtype == dtype
     assert bool((post.variance > 0).all())
+
+
+def test_last_layer_keeps_a_signal_where_the_evidence_chooses_noise():
+    """Five Branin points (scrambled Sobol, seed 3): the evidence of the trained network's last
+    layer prefers pure noise; the fit warns and falls back to the noise the network learned."""
+    from gpext.errors import VarianceCollapseWarning
+
+    x = torch.tensor([[0.06846512854099274, 0.22452697157859802],
+                      [0.6214853525161743, 0.7230839729309082],
+                      [0.9611995816230774, 0.49307334423065186],
+                      [0.4709230065345764, 0.9936006665229797],
+                      [0.26370668411254883, 0.36155879497528076]], dtype=torch.float64)  # fmt: skip
+    a, b = 15 * x[:, 0] - 5, 15 * x[:, 1]
+    branin = (b - 5.1 / (4 * math.pi**2) * a**2 + 5 / math.pi * a - 6) ** 2 + 10 * (
+        1 - 1 / (8 * math.pi)
+    ) * torch.cos(a) + 10
+    y = (-branin[:, None] + branin.mean()) / branin.std()  # Standardize(1) of the maximisation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = fit_weight_ensemble(x, y, method="last_layer", calibrate=False,
+                                    generator=torch.Generator().manual_seed(3))  # fmt: skip
+    collapsed = [w for w in caught if issubclass(w.category, VarianceCollapseWarning)]
+    sel = model.fit_selection
+    if not collapsed:  # the scenario this test is about must occur
+        pytest.fail(f"the evidence did not collapse on this design: {sel}")
+    assert sel["last_layer_noise"].startswith("network")
+    assert sel["noise_variance"] < 0.1  # the network's noise, not the data's variance
+    with torch.no_grad():
+        spread = model.posterior(x).variance
+    assert bool((spread > 0).all())

@@ -174,3 +174,23 @@ def test_errors():
         bll.fit(x.half(), y)
     with pytest.raises(InputDataError, match="at least 2"):
         bll.fit(x[:1], y[:1])
+
+
+def test_evidence_preferring_pure_noise_is_reported():
+    """A body whose features are constant (first layer zero: tanh(0) = 0) explains nothing of
+    centred targets: the evidence drives alpha to infinity; fit stops and says so."""
+    from gpext.errors import VarianceCollapseWarning
+
+    net = _net()
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].bias.zero_()
+    x, y = _data()
+    y = y - y.mean()
+    with pytest.warns(VarianceCollapseWarning, match="as noise"):
+        bll = BayesianLastLayer(net).fit(x, y)
+    assert bool(bll.collapsed)
+    assert float(bll.posterior_mean.abs().max()) < 1e-6
+    assert math.isclose(bll.noise_variance, float(y.pow(2).mean()), rel_tol=1e-6)
+    mean, var = bll.predict(x[:3])
+    assert float(mean.abs().max()) < 1e-6 and float(var.max()) < 1e-6

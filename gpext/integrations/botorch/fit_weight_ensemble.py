@@ -38,6 +38,9 @@ LIKELIHOODS = ("auto", "homoscedastic", "heteroscedastic")
 #: Gradient-norm clipping of the homoscedastic network's training (as the benchmark's).
 MAX_GRAD_NORM = 10.0
 _KINDS = {"homoscedastic": "homoscedastic_gaussian", "heteroscedastic": "heteroscedastic_gaussian"}
+#: ``"last_layer"``: floor on the learned noise used when the evidence chose pure noise,
+#: relative to the targets' variance.
+_MIN_NOISE_FRACTION = 1e-6
 
 
 def _new_network(kind: str, d: int, hidden: Sequence[int], dtype, generator) -> torch.nn.Module:
@@ -120,7 +123,11 @@ def fit_weight_ensemble(
     * ``"last_layer"``: the network at its SWA mean with the exact Gaussian posterior of its
       last linear layer, prior and noise precisions by the evidence
       (:class:`~gpext.subspace.BayesianLastLayer`, DNGO's surrogate), ``num_samples`` draws
-      of the last layer; the homoscedastic network only.
+      of the last layer; the homoscedastic network only.  Where the evidence explains the
+      targets as noise (a :class:`~gpext.errors.VarianceCollapseWarning`; 1 of 36 Branin
+      designs of 5-24 points, with 5), the noise precision is fixed at the noise the
+      network learned and only the prior precision is tuned
+      (``fit_selection["last_layer_noise"]``).
 
     The validated recipe (issue 18, 22). With a hold-out (by default from ``n >= 200`` rows,
     for every method) the network is trained on the other rows and chosen on the hold-out,
@@ -363,7 +370,12 @@ def fit_weight_ensemble(
         )
     elif method == "last_layer":
         FlatParameters(net).assign(traj.mean)  # the body at the SWA mean
-        bll = BayesianLastLayer(net).fit(x, y)
+        bll = BayesianLastLayer(net).fit(x, y)  # warns if the evidence chose pure noise
+        selection["last_layer_noise"] = "evidence"
+        if bool(bll.collapsed):  # keep a signal: the noise the network learned
+            noise = max(lik.noise_variance, _MIN_NOISE_FRACTION * float(y.var()))
+            bll = BayesianLastLayer(net, noise_precision=1.0 / noise).fit(x, y)
+            selection["last_layer_noise"] = "network (the evidence chose pure noise)"
         lik = OutputLikelihood("gaussian", noise_variance=bll.noise_variance)
         model = WeightEnsembleSurrogate(
             net, bll.sample(num_samples, generator=generator), likelihood=lik, **kw
