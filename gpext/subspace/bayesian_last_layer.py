@@ -180,11 +180,13 @@ class BayesianLastLayer(nn.Module):
         self.register_buffer("collapsed", torch.tensor(False))
 
     # ------------------------------------------------------------------ features and fitting
-    def features(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         r""":math:`\phi(x) = [h(x), 1]`, the inputs of the last layer (and the bias column).
 
         Args:
             x: Network inputs. # shape: (N, ...)
+            weights: Flat weights of the whole network to evaluate at (``None``: its current
+                weights; the module's parameters are not changed either way). # shape: (D,)
 
         Returns:
             The features. # shape: (N, M)
@@ -193,7 +195,10 @@ class BayesianLastLayer(nn.Module):
         hook = self._layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
         try:
             with torch.no_grad():
-                self.module(x)
+                if weights is None:
+                    self.module(x)
+                else:
+                    self._flat.functional_call(weights, x)
         finally:
             hook.remove()
         if len(seen) != 1:
@@ -333,10 +338,7 @@ class BayesianLastLayer(nn.Module):
         like = self.posterior_mean
         x = _as_input(x, "BayesianLastLayer.predict(x)", like)
         check_finite(x, "BayesianLastLayer.predict(x)")
-        phi = self.features(x).to(like)
-        # the body must be the one fitted: evaluate it at the stored weights
-        if not torch.equal(self._flat.flatten().to(like), self.base_weights):
-            phi = self._features_at_base(x).to(like)
+        phi = self.features(x, self.base_weights).to(like)  # the body fitted on
         chol = self.precision_cholesky.double()
         solved = torch.linalg.solve_triangular(chol, phi.double().mT, upper=False)
         return phi @ self.posterior_mean, solved.pow(2).sum(0).to(like)
@@ -362,14 +364,6 @@ class BayesianLastLayer(nn.Module):
         out = self.base_weights.expand(s, -1).clone()
         out[:, self._head_index.to(out.device)] = head
         return out
-
-    def _features_at_base(self, x: torch.Tensor) -> torch.Tensor:
-        current = self._flat.flatten()
-        self._flat.assign(self.base_weights.to(current))
-        try:
-            return self.features(x)
-        finally:
-            self._flat.assign(current)
 
     def _check_fitted(self, what: str) -> None:
         if not bool(self.fitted):
