@@ -2,6 +2,7 @@ r"""Bayesian linear regression on a network's last hidden layer, hyperparameters
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -161,9 +162,11 @@ class BayesianLastLayer(nn.Module):
         self.has_bias = layer.bias is not None
         m = layer.in_features + int(self.has_bias)
         d = flat_all.num_parameters
-        self._head_index = torch.tensor(
-            [_offset(flat_all, module, layer, "weight") + i for i in range(layer.in_features)]
-            + ([_offset(flat_all, module, layer, "bias")] if self.has_bias else [])
+        # positions of the last layer's weight row, then its bias, in the flat weight vector
+        # (the order of the features [h(x), 1])
+        starts = dict(zip(flat_all.names, itertools.accumulate([0, *flat_all.numels])))
+        self._head_index = torch.cat(
+            [torch.arange(starts[n], starts[n] + size) for n, size in zip(head.names, head.numels)]
         )
         like = {"dtype": layer.weight.dtype, "device": layer.weight.device}
         #: Posterior mean :math:`m` of the last layer's weights (bias last). # shape: (M,)
@@ -390,16 +393,3 @@ def _owner(module: nn.Module, param_name: str) -> nn.Module:
     """The submodule holding parameter ``param_name``."""
     prefix = param_name.rpartition(".")[0]
     return module.get_submodule(prefix) if prefix else module
-
-
-def _name_of(module: nn.Module, layer: nn.Module, attr: str) -> str:
-    for prefix, sub in module.named_modules():
-        if sub is layer:
-            return f"{prefix}.{attr}" if prefix else attr
-    raise InputDataError("BayesianLastLayer: the last layer is not a submodule")  # pragma: no cover
-
-
-def _offset(flat: FlatParameters, module: nn.Module, layer: nn.Module, attr: str) -> int:
-    name = _name_of(module, layer, attr)
-    index = flat.names.index(name)
-    return int(sum(flat.numels[:index]))
