@@ -72,6 +72,11 @@ class BayesianLastLayer(nn.Module):
     :class:`~gpext.errors.VarianceCollapseWarning` says so.  Fixing ``noise_precision`` (e.g.
     at the noise the network learned) keeps a signal.
 
+    :meth:`sample_conditional` redraws the last layers of other weight samples (SWAG, PCA
+    subspaces) from their exact posteriors given each sample's body, at the fitted
+    precisions (the small-design default of
+    :func:`~gpext.integrations.botorch.fit_weight_ensemble`).
+
     Only the last module that holds parameters is Bayesian; it must be a
     :class:`torch.nn.Linear` with one output (a homoscedastic regression network such as
     ``gpext.subspace.regression_network("homoscedastic_gaussian", ...)``).  The body is read
@@ -137,7 +142,11 @@ class BayesianLastLayer(nn.Module):
                     "BayesianLastLayer.module",
                     "a network whose last layer is torch.nn.Linear(H, 1)",
                     f"{type(layer).__name__}"
-                    + (f" with {layer.out_features} outputs" if isinstance(layer, nn.Linear) else ""),
+                    + (
+                        f" with {layer.out_features} outputs"
+                        if isinstance(layer, nn.Linear)
+                        else ""
+                    ),
                     "Use a homoscedastic regression network (one mean output).",
                 )
             )
@@ -242,7 +251,9 @@ class BayesianLastLayer(nn.Module):
                              f"{tuple(x.shape)} and {tuple(y.shape)}")
             )  # fmt: skip
         if y.shape[0] < 2:
-            raise InputDataError(expected_got("BayesianLastLayer.fit", "at least 2 rows", y.shape[0]))
+            raise InputDataError(
+                expected_got("BayesianLastLayer.fit", "at least 2 rows", y.shape[0])
+            )
         check_finite(x, "BayesianLastLayer.fit(x)")
         check_finite(y, "BayesianLastLayer.fit(y)")
         phi = self.features(x)
@@ -256,7 +267,9 @@ class BayesianLastLayer(nn.Module):
         alpha = self.fixed_prior_precision or 1.0
         beta = self.fixed_noise_precision or 1.0 / var_y
         beta_max = self.max_noise_precision / var_y
-        converged = self.fixed_prior_precision is not None and self.fixed_noise_precision is not None
+        converged = (
+            self.fixed_prior_precision is not None and self.fixed_noise_precision is not None
+        )
         iters, collapsed = 0, False
         while not converged and iters < self.max_iter:
             iters += 1
@@ -366,6 +379,81 @@ class BayesianLastLayer(nn.Module):
         head = self.posterior_mean + draws.to(self.posterior_mean)
         out = self.base_weights.expand(s, -1).clone()
         out[:, self._head_index.to(out.device)] = head
+        return out
+
+    def sample_conditional(
+        self,
+        weights: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        r"""Each row's last layer redrawn from its exact posterior given that row's body.
+
+        For flat weight vectors :math:`w_1, \dots, w_S` (e.g. SWAG or subspace samples of the
+        whole network) with bodies :math:`b_s`, features :math:`\Phi_s = \phi(X; b_s)`, and
+        this posterior's fitted precisions :math:`\alpha, \beta`:
+
+        .. math::
+
+            S_s^{-1} = \alpha I + \beta \Phi_s^\top\Phi_s, \qquad
+            m_s = \beta S_s \Phi_s^\top y, \qquad
+            w_s^{\text{last}} \sim \mathcal N(m_s, S_s),
+
+        the bodies kept.  The result samples :math:`q(b)\,p(w^{\text{last}} \mid b, \mathcal
+        D)`: the weight posterior's spread of the body, and the last layer's prior variance
+        :math:`\alpha^{-1}` in the directions that body's training features do not span,
+        which SGD-trajectory posteriors (SWAG, PCA subspaces) do not explore.
+
+        Args:
+            weights: Flat weights of the whole network, in
+                :class:`~gpext.subspace.FlatParameters` order. # shape: (S, D)
+            x: The training inputs the precisions were fitted on. # shape: (N, ...)
+            y: Their targets. # shape: (N,) or (N, 1)
+            generator: Random generator.
+
+        Returns:
+            The weights with every last layer redrawn. # shape: (S, D)
+
+        Raises:
+            NotFittedError: Before :meth:`fit`.
+            ShapeError: If ``weights`` is not ``(S, D)`` or ``x`` and ``y`` disagree in rows.
+            InputDataError: On non-finite weights, data or features.
+        """
+        self._check_fitted("sample_conditional")
+        like = self.posterior_mean
+        d = self.base_weights.shape[0]
+        if not isinstance(weights, torch.Tensor) or weights.dim() != 2 or weights.shape[-1] != d:
+            raise ShapeError(
+                expected_got("BayesianLastLayer.sample_conditional(weights)", f"shape (S, {d})",
+                             getattr(weights, "shape", type(weights).__name__))
+            )  # fmt: skip
+        weights = weights.to(like)
+        check_finite(weights, "BayesianLastLayer.sample_conditional(weights)")
+        x = _as_input(x, "BayesianLastLayer.sample_conditional(x)", like)
+        y = _as_input(y, "BayesianLastLayer.sample_conditional(y)", like)
+        if y.dim() == 2 and y.shape[-1] == 1:
+            y = y.squeeze(-1)
+        if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
+            raise ShapeError(
+                expected_got("BayesianLastLayer.sample_conditional(x, y)",
+                             "x (N, ...) and y (N,) or (N, 1)",
+                             f"{tuple(x.shape)} and {tuple(y.shape)}")
+            )  # fmt: skip
+        check_finite(x, "BayesianLastLayer.sample_conditional(x)")
+        check_finite(y, "BayesianLastLayer.sample_conditional(y)")
+        alpha, beta = float(self.prior_precision), float(self.noise_precision)
+        index = self._head_index.to(weights.device)
+        y64 = y.double()
+        out = weights.clone()
+        for s in range(weights.shape[0]):
+            phi = self.features(x, weights[s]).double()
+            check_finite(phi, "BayesianLastLayer.sample_conditional: the features of a row")
+            mean, chol = _posterior(phi.mT @ phi, phi.mT @ y64, alpha, beta)
+            eps = torch.randn(chol.shape[0], 1, generator=generator, dtype=torch.float64)
+            draw = torch.linalg.solve_triangular(chol.mT, eps.to(chol.device), upper=True)
+            out[s, index] = (mean + draw.squeeze(-1)).to(out)
         return out
 
     def _check_fitted(self, what: str) -> None:

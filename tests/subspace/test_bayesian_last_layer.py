@@ -79,8 +79,15 @@ def test_predict_and_samples_agree_with_the_gaussian():
     keep[head] = False
     assert torch.equal(w[:, keep], body[keep].expand(20000, -1))  # the body is fixed
     heads = w[:, head]
-    assert torch.allclose(heads.mean(0), bll.posterior_mean, atol=4 * bll.covariance().diagonal().max().sqrt() / 100)
-    assert torch.allclose(torch.cov(heads.T), bll.covariance(), rtol=0.1, atol=0.05 * float(bll.covariance().abs().max()))
+    assert torch.allclose(
+        heads.mean(0), bll.posterior_mean, atol=4 * bll.covariance().diagonal().max().sqrt() / 100
+    )
+    assert torch.allclose(
+        torch.cov(heads.T),
+        bll.covariance(),
+        rtol=0.1,
+        atol=0.05 * float(bll.covariance().abs().max()),
+    )
     # functions of the draws: their spread is the predictive epistemic variance
     outs = torch.stack([flat.functional_call(wi, xt).squeeze(-1) for wi in w[:4000]])
     assert torch.allclose(outs.var(0), var, rtol=0.1)
@@ -194,3 +201,59 @@ def test_evidence_preferring_pure_noise_is_reported():
     assert math.isclose(bll.noise_variance, float(y.pow(2).mean()), rel_tol=1e-6)
     mean, var = bll.predict(x[:3])
     assert float(mean.abs().max()) < 1e-6 and float(var.max()) < 1e-6
+
+
+def test_sample_conditional_draws_each_rows_exact_last_layer_posterior():
+    """Row s of sample_conditional is a draw of N(m_s, S_s) at the fitted precisions, with m_s,
+    S_s the closed form on row s's body: the same draw as a fixed-precision fit at that body
+    sampled from the same generator state, the mean the numpy ridge solution."""
+    net = _net()
+    x, y = _data()
+    bll = BayesianLastLayer(net).fit(x, y)
+    alpha, beta = float(bll.prior_precision), float(bll.noise_precision)
+    flat = FlatParameters(net)
+    base = flat.flatten().clone()
+    g = torch.Generator().manual_seed(1)
+    weights = base + 0.3 * torch.randn(3, base.numel(), generator=g, dtype=base.dtype)
+    out = bll.sample_conditional(weights, x, y, generator=torch.Generator().manual_seed(7))
+    head = FlatParameters(net, "last_layer").num_parameters  # weight row then bias, last
+    assert out.shape == weights.shape
+    assert torch.equal(out[:, :-head], weights[:, :-head])  # the bodies are kept
+    ref_gen = torch.Generator().manual_seed(7)
+    for s in range(3):
+        flat.assign(weights[s])
+        ref = BayesianLastLayer(net, prior_precision=alpha, noise_precision=beta).fit(x, y)
+        torch.testing.assert_close(out[s], ref.sample(1, generator=ref_gen)[0])
+        phi = ref.features(x).numpy()
+        m = np.linalg.solve(
+            alpha * np.eye(phi.shape[1]) + beta * phi.T @ phi, beta * phi.T @ y.numpy()
+        )
+        np.testing.assert_allclose(ref.posterior_mean.numpy(), m, rtol=1e-8, atol=1e-10)
+    flat.assign(base)
+    # the spread of many draws of one body is the posterior covariance
+    many = bll.sample_conditional(base.expand(4000, -1), x, y,
+                                  generator=torch.Generator().manual_seed(2))  # fmt: skip
+    heads = many[:, -head:]
+    torch.testing.assert_close(heads.mean(0), bll.posterior_mean, atol=0.05, rtol=0)
+    cov = torch.cov(heads.T)
+    torch.testing.assert_close(
+        cov, bll.covariance(), atol=0.1 * float(cov.diagonal().max()), rtol=0
+    )
+
+
+def test_sample_conditional_errors():
+    net = _net()
+    x, y = _data()
+    bll = BayesianLastLayer(net)
+    w = FlatParameters(net).flatten().expand(2, -1)
+    with pytest.raises(NotFittedError):
+        bll.sample_conditional(w, x, y)
+    bll.fit(x, y)
+    with pytest.raises(ShapeError, match="weights"):
+        bll.sample_conditional(w[:, :-1], x, y)
+    with pytest.raises(ShapeError, match="weights"):
+        bll.sample_conditional(w[0], x, y)
+    with pytest.raises(ShapeError):
+        bll.sample_conditional(w, x, y[:-1])
+    with pytest.raises(InputDataError, match="finite"):
+        bll.sample_conditional(w.clone().fill_(float("nan")), x, y)
