@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -87,6 +88,21 @@ def test_scale_is_never_below_one_and_tiny_designs_are_left_alone():
     assert res.scale == 1.0 and res.num_folds == 0
     with pytest.raises(InputDataError, match="num_folds"):
         cross_validated_variance_scale(lambda a, b: _FixedPredictor(0.0), x, y, num_folds=1)
+
+
+def test_a_factor_at_its_upper_bound_warns():
+    """Held-out errors 10^3 times the spread: the factor is capped at 10^4 and says so."""
+    from gpext.errors import FitWarning
+    from gpext.integrations.botorch.variance_calibration import MAX_VARIANCE_SCALE
+
+    x, y, _ = _residual_data(1e6, n=40)
+    with pytest.warns(FitWarning, match="largest factor"):
+        res = cross_validated_variance_scale(lambda a, b: _FixedPredictor(0.0), x, y)
+    assert res.scale == pytest.approx(MAX_VARIANCE_SCALE, rel=0.01)
+    x, y, _ = _residual_data(9.0, n=40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        cross_validated_variance_scale(lambda a, b: _FixedPredictor(0.0), x, y)
 
 
 def _design(n=14, seed=0):
