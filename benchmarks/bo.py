@@ -62,7 +62,12 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
     (MLP with 50 hidden units and learned homoscedastic noise, which is the default without a
     hold-out since 2026-11-26, the heteroscedastic MLP before (the runs' ``code`` field says
     which); 200 SGD epochs of which the last 50 collect weights, 16 samples; PCA rank 10; 3
-    MultiSWAG components; the ensemble's spread calibrated by 5-fold cross-validation);
+    MultiSWAG components; since 2026-11-26 (commit a5edec7) every member's last layer
+    redrawn from its exact posterior given the member's body, ``bayesian_last_layer``, the
+    default without a hold-out; the ensemble's spread calibrated by 5-fold cross-validation);
+  - ``last_layer``: ``fit_weight_ensemble(method="last_layer")``: the same network at its
+    SWA mean with the exact posterior of its last layer (DNGO's surrogate), 16 draws,
+    calibrated the same way;
 
 * ``singletaskgp_constraints`` (``chartmann6`` only): BoTorch's own constraint mechanism, a
   reference for the classifier: ``qLogExpectedImprovement`` on a ``ModelListGP`` of the
