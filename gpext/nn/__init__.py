@@ -8,12 +8,14 @@
 * :class:`SpectralNormalizedMLP`: bi-Lipschitz residual MLP (distance-aware features).
 * :class:`InputAugmentedEmbedding`: a network's features with the inputs appended (distance
   aware without constraining the network).
+* :class:`UnitNorm`: rows scaled to unit Euclidean norm (:class:`MLP`'s
+  ``normalize_last_hidden``).
 """
 
 from gpext.nn.classifier_mlp import ClassifierMLP
 from gpext.nn.heteroscedastic_mlp import HeteroscedasticMLP
 from gpext.nn.input_augmented_embedding import InputAugmentedEmbedding
-from gpext.nn.mlp import MLP
+from gpext.nn.mlp import MLP, UnitNorm
 from gpext.nn.set_encoder import SetEncoder
 from gpext.nn.small_cnn import SmallCNN
 from gpext.nn.spectral_normalized_mlp import SpectralNormalizedMLP
@@ -26,4 +28,5 @@ __all__ = [
     "SetEncoder",
     "SmallCNN",
     "SpectralNormalizedMLP",
+    "UnitNorm",
 ]

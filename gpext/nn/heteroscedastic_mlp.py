@@ -31,6 +31,7 @@ class HeteroscedasticMLP(nn.Module):
         hidden_features: Hidden widths (drbayes UCI: ``[50]``; 000 toy: ``[200, 50, 50, 50]``).
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         min_variance: Variance floor :math:`\sigma^2_{\min}`.
+        normalize_last_hidden: Unit-norm last hidden layer (see :class:`~gpext.nn.MLP`).
 
     Example:
         >>> net = HeteroscedasticMLP(3, [50])
@@ -46,13 +47,15 @@ class HeteroscedasticMLP(nn.Module):
         *,
         activation: str = "relu",
         min_variance: float = 1e-6,
+        normalize_last_hidden: bool = False,
     ) -> None:
         super().__init__()
         if not min_variance >= 0:
             raise InputDataError(
                 expected_got("HeteroscedasticMLP.min_variance", "a number >= 0", min_variance)
             )
-        self.body = MLP(in_features, hidden_features, 2, activation=activation)
+        self.body = MLP(in_features, hidden_features, 2, activation=activation,
+                        normalize_last_hidden=normalize_last_hidden)  # fmt: skip
         self.min_variance = float(min_variance)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,26 @@ from torch import nn
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.utils import check_positive_int
 
-__all__ = ["MLP"]
+__all__ = ["MLP", "UnitNorm"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+class UnitNorm(nn.Module):
+    r""":math:`h \mapsto h / \max(\lVert h\rVert_2, \epsilon)` over the last dimension
+    (:class:`MLP`'s ``normalize_last_hidden``).
+
+    Args:
+        eps: Smallest norm divided by (an all-zero ReLU layer stays zero).
+    """
+
+    def __init__(self, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.eps = float(eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Rows of unit norm. # shape: same as ``h``"""
+        return h / h.norm(dim=-1, keepdim=True).clamp_min(self.eps)
 
 
 class MLP(nn.Module):
@@ -32,6 +49,14 @@ class MLP(nn.Module):
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         layer_norm: Apply :class:`torch.nn.LayerNorm` to the output features, which keeps them on
             the scale a stationary kernel's lengthscale is initialised for.
+        normalize_last_hidden: Divide the last hidden layer's activations by their Euclidean
+            norm, :math:`h \mapsto h / \lVert h\rVert`, before the output layer.  A Gaussian
+            prior :math:`\mathcal N(0, \alpha^{-1} I)` on the output layer's weights then
+            gives every input the same prior variance :math:`\alpha^{-1}(1 + [\text{bias}])`
+            (as a stationary kernel does, and as the constant-norm random-feature output
+            layer of SNGP, Liu et al. 2020), instead of one that grows with the ReLU
+            features' norm towards the corners of the input box; the output is bounded by
+            :math:`\lVert W_L\rVert + \lvert b_L\rvert`.  Needs a hidden layer.
 
     Raises:
         InputDataError: If a size is not a positive integer or the activation is unknown.
@@ -50,6 +75,7 @@ class MLP(nn.Module):
         *,
         activation: str = "relu",
         layer_norm: bool = False,
+        normalize_last_hidden: bool = False,
     ) -> None:
         super().__init__()
         self.in_features = check_positive_int(in_features, "MLP.in_features")
@@ -59,12 +85,19 @@ class MLP(nn.Module):
             raise InputDataError(
                 expected_got("MLP.activation", f"one of {sorted(_ACTIVATIONS)}", repr(activation))
             )
+        if normalize_last_hidden and not hidden:
+            raise InputDataError(
+                expected_got("MLP.normalize_last_hidden", "at least one hidden layer",
+                             "hidden_features=()")
+            )  # fmt: skip
         sizes = [self.in_features, *hidden, self.out_features]
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(_ACTIVATIONS[activation]())
+        if normalize_last_hidden:
+            layers.insert(len(layers) - 1, UnitNorm())
         if layer_norm:
             layers.append(nn.LayerNorm(self.out_features))
         self.net = nn.Sequential(*layers)

@@ -996,6 +996,7 @@ def regression_network(
     hidden_features: Sequence[int] = (50,),
     *,
     activation: str = "relu",
+    normalize_last_hidden: bool = False,
 ) -> nn.Module:
     """The MLP a regression likelihood reads: two outputs for a heteroscedastic one, else one.
 
@@ -1004,6 +1005,7 @@ def regression_network(
         in_features: Input dimension.
         hidden_features: Hidden widths.
         activation: Activation (see :class:`~gpext.nn.MLP`).
+        normalize_last_hidden: Unit-norm last hidden layer (see :class:`~gpext.nn.MLP`).
 
     Returns:
         :class:`~gpext.nn.HeteroscedasticMLP` for ``"heteroscedastic_gaussian"``, else
@@ -1018,9 +1020,11 @@ def regression_network(
     """
     kind = likelihood.kind if isinstance(likelihood, OutputLikelihood) else likelihood
     if kind == "heteroscedastic_gaussian":
-        return HeteroscedasticMLP(in_features, hidden_features, activation=activation)
+        return HeteroscedasticMLP(in_features, hidden_features, activation=activation,
+                                  normalize_last_hidden=normalize_last_hidden)  # fmt: skip
     if kind in ("gaussian", "homoscedastic_gaussian"):
-        return MLP(in_features, hidden_features, 1, activation=activation)
+        return MLP(in_features, hidden_features, 1, activation=activation,
+                   normalize_last_hidden=normalize_last_hidden)  # fmt: skip
     raise InputDataError(
         expected_got("regression_network.likelihood", "a regression likelihood kind", kind)
     )

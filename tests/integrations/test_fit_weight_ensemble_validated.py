@@ -8,6 +8,7 @@ import torch
 
 from gpext.errors import InputDataError
 from gpext.integrations.botorch import fit_weight_ensemble
+from gpext.nn import UnitNorm
 from gpext.subspace import TrainingRecipe
 
 SMALL = {"hidden_features": (8,), "epochs": 8, "swa_epochs": 4, "num_samples": 4}
@@ -28,11 +29,15 @@ def test_small_designs_keep_the_defaults(dtype):
     assert sel["likelihood"] == "homoscedastic" and sel["swag_scale"] == 0.5
     assert sel["scores"] == {} and sel["recipe"] == "given"
     assert sel["bayesian_last_layer"] is True  # the small-design default
+    assert sel["normalize_last_hidden"] is True  # with it, unit-norm features
+    assert any(isinstance(m, UnitNorm) for m in model.model.modules())
     assert model.likelihood.kind == "gaussian"  # the noise of the last layer's evidence
     assert sel["noise_variance"] == model.likelihood.noise_variance > 0
     plain = fit_weight_ensemble(x, y, bayesian_last_layer=False,
                                 generator=torch.Generator().manual_seed(0), **SMALL)  # fmt: skip
     assert plain.fit_selection["bayesian_last_layer"] is False
+    assert plain.fit_selection["normalize_last_hidden"] is False
+    assert not any(isinstance(m, UnitNorm) for m in plain.model.modules())
     assert plain.likelihood.kind == "homoscedastic_gaussian"
     post = model.posterior(torch.rand(5, 2, dtype=dtype))
     assert post.mean.shape == (5, 1) and post.mean.dtype == dtype
@@ -84,6 +89,7 @@ def test_hold_out_chooses_likelihood_and_scale(method):
     if method == "pca_ess":
         assert sel["temperature"] > 0
     assert sel["bayesian_last_layer"] is False  # the default with a hold-out
+    assert sel["normalize_last_hidden"] is False
     if sel["likelihood"] == "homoscedastic":
         assert sel["noise_variance"] == model.likelihood.noise_variance
     fixed = fit_weight_ensemble(x, y, method=method, likelihood="heteroscedastic", swag_scale=0.3,
@@ -118,6 +124,8 @@ def test_errors():
         fit_weight_ensemble(x, y, method="last_layer", likelihood="heteroscedastic")
     with pytest.raises(InputDataError, match="bayesian_last_layer"):
         fit_weight_ensemble(x, y, bayesian_last_layer="yes")
+    with pytest.raises(InputDataError, match="normalize_last_hidden"):
+        fit_weight_ensemble(x, y, normalize_last_hidden=1.0)
     with pytest.raises(InputDataError, match="bayesian_last_layer=True"):
         fit_weight_ensemble(x, y, likelihood="heteroscedastic", bayesian_last_layer=True)
 
@@ -150,8 +158,9 @@ def test_last_layer_members_are_draws_of_the_exact_last_layer_posterior(dtype):
 
 
 def test_last_layer_keeps_a_signal_where_the_evidence_chooses_noise():
-    """Five Branin points (scrambled Sobol, seed 3): the evidence of the trained network's last
-    layer prefers pure noise; the fit warns and falls back to the noise the network learned."""
+    """Five Branin points (scrambled Sobol, seed 3): the evidence of the trained ReLU network's
+    last layer (without unit-norm features, with which it was found) prefers pure noise; the
+    fit warns and falls back to the noise the network learned."""
     from gpext.errors import VarianceCollapseWarning
 
     x = torch.tensor([[0.06846512854099274, 0.22452697157859802],
@@ -169,6 +178,7 @@ def test_last_layer_keeps_a_signal_where_the_evidence_chooses_noise():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = fit_weight_ensemble(x, y, method="last_layer", calibrate=False,
+                                    normalize_last_hidden=False,  # the design was found so
                                     generator=torch.Generator().manual_seed(3))  # fmt: skip
     collapsed = [w for w in caught if issubclass(w.category, VarianceCollapseWarning)]
     sel = model.fit_selection
@@ -219,9 +229,9 @@ def test_conditional_last_layer_keeps_the_bodies_and_redraws_each_last_layer(met
 
 def test_conditional_last_layer_makes_the_spread_grow_away_from_the_data():
     """Branin, 12 scrambled-Sobol points, SWAG with the default network: without the conditional
-    last layer the members disagree towards the box's corners (correlation of the sd with the
-    distance to the nearest point about 0, -0.13 on this design); with it the correlation is
-    about 0.4 (0.43)."""
+    last layer (and ReLU features) the members disagree towards the box's corners (correlation
+    of the sd with the distance to the nearest point -0.13 on this design); with it (and the
+    unit-norm features it implies) the correlation is 0.37."""
     from botorch.models.transforms import Standardize
     from botorch.test_functions import Branin
     from botorch.utils.sampling import draw_sobol_samples

@@ -47,3 +47,29 @@ class TestMLP:
             MLP(3, [4], 0)
         with pytest.raises(InputTypeError, match="hidden_features"):
             MLP(3, [4.5], 2)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_normalized_last_hidden_layer(self, dtype):
+        """h / ||h|| before the output layer: matches the manual forward; batch dimensions kept;
+        a Gaussian prior on the output weights gives every input the same prior variance
+        (far-away inputs included), unlike the plain ReLU network's."""
+        g = MLP(3, [16, 8], 1, normalize_last_hidden=True).to(dtype)
+        x = torch.randn(2, 6, 3, dtype=dtype)
+        lin1, lin2, lin3 = g.net[0], g.net[2], g.net[5]
+        h = torch.relu(torch.relu(x @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias)
+        ref = (h / h.norm(dim=-1, keepdim=True)) @ lin3.weight.T + lin3.bias
+        torch.testing.assert_close(g(x), ref)
+        assert g(x).shape == (2, 6, 1) and g(x).dtype == dtype
+        # prior variance of f(x) = w^T [h/||h||, 1], w ~ N(0, I): ||[h/||h||, 1]||^2 = 2
+        far = torch.cat([torch.randn(4, 3, dtype=dtype), 1e3 * torch.randn(4, 3, dtype=dtype)])
+        from gpext.subspace import BayesianLastLayer
+
+        feats = BayesianLastLayer(g).features(far)
+        torch.testing.assert_close(feats.pow(2).sum(-1), torch.full((8,), 2.0, dtype=dtype))
+        plain = BayesianLastLayer(MLP(3, [16, 8], 1).to(dtype)).features(far).pow(2).sum(-1)
+        assert float(plain[4:].min()) > 100 * float(plain[:4].max())
+        h = MLP(3, [16, 8], 1, normalize_last_hidden=True).to(dtype)
+        h.load_state_dict(g.state_dict())
+        torch.testing.assert_close(h(x), g(x))
+        with pytest.raises(InputDataError, match="hidden layer"):
+            MLP(3, [], 1, normalize_last_hidden=True)
