@@ -64,10 +64,12 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
     which); 200 SGD epochs of which the last 50 collect weights, 16 samples; PCA rank 10; 3
     MultiSWAG components; since 2026-11-26 (commit a5edec7) every member's last layer
     redrawn from its exact posterior given the member's body, ``bayesian_last_layer``, the
-    default without a hold-out; the ensemble's spread calibrated by 5-fold cross-validation);
-  - ``last_layer``: ``fit_weight_ensemble(method="last_layer")``: the same network at its
-    SWA mean with the exact posterior of its last layer (DNGO's surrogate), 16 draws,
-    calibrated the same way;
+    default without a hold-out, and since commit 8473598 the network's last hidden layer
+    scaled to unit norm under it, ``normalize_last_hidden``; the ensemble's spread calibrated
+    by 5-fold cross-validation);
+  - ``last_layer``: ``fit_weight_ensemble(method="last_layer")``: the same network (unit-norm
+    last hidden layer since 8473598) at its SWA mean with the exact posterior of its last
+    layer (DNGO's surrogate), 16 draws, calibrated the same way;
 
 * ``singletaskgp_constraints`` (``chartmann6`` only): BoTorch's own constraint mechanism, a
   reference for the classifier: ``qLogExpectedImprovement`` on a ``ModelListGP`` of the
