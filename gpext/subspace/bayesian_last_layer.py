@@ -241,21 +241,11 @@ class BayesianLastLayer(nn.Module):
                 (``collapsed``).
         """
         like = next(self.module.parameters())
-        x = _as_input(x, "BayesianLastLayer.fit(x)", like)
-        y = _as_input(y, "BayesianLastLayer.fit(y)", like)
-        if y.dim() == 2 and y.shape[-1] == 1:
-            y = y.squeeze(-1)
-        if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
-            raise ShapeError(
-                expected_got("BayesianLastLayer.fit(x, y)", "x (N, ...) and y (N,) or (N, 1)",
-                             f"{tuple(x.shape)} and {tuple(y.shape)}")
-            )  # fmt: skip
+        x, y = _training_data(x, y, "BayesianLastLayer.fit", like)
         if y.shape[0] < 2:
             raise InputDataError(
                 expected_got("BayesianLastLayer.fit", "at least 2 rows", y.shape[0])
             )
-        check_finite(x, "BayesianLastLayer.fit(x)")
-        check_finite(y, "BayesianLastLayer.fit(y)")
         phi = self.features(x)
         check_finite(phi, "BayesianLastLayer.features(x) (the network's hidden layer)")
         # float64 throughout (the precisions span many orders of magnitude)
@@ -431,18 +421,7 @@ class BayesianLastLayer(nn.Module):
             )  # fmt: skip
         weights = weights.to(like)
         check_finite(weights, "BayesianLastLayer.sample_conditional(weights)")
-        x = _as_input(x, "BayesianLastLayer.sample_conditional(x)", like)
-        y = _as_input(y, "BayesianLastLayer.sample_conditional(y)", like)
-        if y.dim() == 2 and y.shape[-1] == 1:
-            y = y.squeeze(-1)
-        if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
-            raise ShapeError(
-                expected_got("BayesianLastLayer.sample_conditional(x, y)",
-                             "x (N, ...) and y (N,) or (N, 1)",
-                             f"{tuple(x.shape)} and {tuple(y.shape)}")
-            )  # fmt: skip
-        check_finite(x, "BayesianLastLayer.sample_conditional(x)")
-        check_finite(y, "BayesianLastLayer.sample_conditional(y)")
+        x, y = _training_data(x, y, "BayesianLastLayer.sample_conditional", like)
         alpha, beta = float(self.prior_precision), float(self.noise_precision)
         index = self._head_index.to(weights.device)
         y64 = y.double()
@@ -467,6 +446,22 @@ _COLLAPSED_GAMMA = 1e-6  # effective parameters below which the evidence chose p
 def _as_input(x: object, name: str, like: torch.Tensor) -> torch.Tensor:
     x = check_not_low_precision(as_float_tensor(x, name), name)
     return x.to(dtype=like.dtype, device=like.device)
+
+
+def _training_data(x, y, name: str, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` as tensors like ``like``, ``y`` of shape ``(N,)``, checked and finite."""
+    x = _as_input(x, f"{name}(x)", like)
+    y = _as_input(y, f"{name}(y)", like)
+    if y.dim() == 2 and y.shape[-1] == 1:
+        y = y.squeeze(-1)
+    if y.dim() != 1 or x.dim() < 1 or x.shape[0] != y.shape[0]:
+        raise ShapeError(
+            expected_got(f"{name}(x, y)", "x (N, ...) and y (N,) or (N, 1)",
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+        )  # fmt: skip
+    check_finite(x, f"{name}(x)")
+    check_finite(y, f"{name}(y)")
+    return x, y
 
 
 def _posterior(gram, fty, alpha, beta):
