@@ -16,11 +16,12 @@ _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "silu": nn.SiLU
 
 
 class UnitNorm(nn.Module):
-    r""":math:`h \mapsto h / \max(\lVert h\rVert_2, \epsilon)` over the last dimension
-    (:class:`MLP`'s ``normalize_last_hidden``).
+    r""":math:`h \mapsto h / \lVert h\rVert_2` over the last dimension (:class:`MLP`'s
+    ``normalize_last_hidden``).
 
     Args:
-        eps: Smallest norm divided by (an all-zero ReLU layer stays zero).
+        eps: Rows of smaller norm (e.g. an all-zero ReLU layer) map to zero, with zero
+            gradient, instead of a division by a vanishing norm.
     """
 
     def __init__(self, eps: float = 1e-12) -> None:
@@ -28,8 +29,11 @@ class UnitNorm(nn.Module):
         self.eps = float(eps)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Rows of unit norm. # shape: same as ``h``"""
-        return h / h.norm(dim=-1, keepdim=True).clamp_min(self.eps)
+        """Rows of unit norm; rows of norm below ``eps`` become zero, with zero gradient.
+        # shape: same as ``h``"""
+        norm = h.norm(dim=-1, keepdim=True)
+        big = norm > self.eps
+        return torch.where(big, h / torch.where(big, norm, torch.ones_like(norm)), 0.0)
 
 
 class MLP(nn.Module):

@@ -73,3 +73,17 @@ class TestMLP:
         torch.testing.assert_close(h(x), g(x))
         with pytest.raises(InputDataError, match="hidden layer"):
             MLP(3, [], 1, normalize_last_hidden=True)
+
+
+def test_unit_norm_rows_and_zero_rows():
+    from gpext.nn import UnitNorm
+
+    h = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1e-20, 0.0]], dtype=torch.float64,
+                     requires_grad=True)  # fmt: skip
+    out = UnitNorm()(h)
+    torch.testing.assert_close(out.detach(), torch.tensor([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0]],
+                                                          dtype=torch.float64))  # fmt: skip
+    out.sum().backward()
+    assert bool(torch.isfinite(h.grad).all())
+    assert float(h.grad[1:].abs().max()) == 0.0  # no 1/eps gradients from vanishing rows
+    torch.testing.assert_close(h.grad[0], torch.tensor([0.032, -0.024], dtype=torch.float64))
