@@ -251,8 +251,9 @@ def fit_weight_ensemble(
     trained with its last hidden layer scaled to unit norm (:class:`~gpext.nn.UnitNorm`,
     ``MLP(normalize_last_hidden=True)``), which makes the prior variance the same everywhere,
     as a stationary kernel's is.  Measured in ``benchmarks/bo.py``'s Hartmann-6 runs of
-    ``swag`` (seeds 0-3, 20 iterations): final regret 0.47, 2.46, 1.74, 0.97 with unit-norm
-    features against 1.38, 2.76, 1.74, 2.63 without; on Branin-12 (seeds 0-2, calibrated)
+    ``swag`` (seeds 0-4, 20 iterations): final regret 0.47, 2.46, 1.74, 0.97, 0.57 with
+    unit-norm features against 1.38, 2.76, 1.74, 2.63, 2.29 without (random search on
+    seeds 0-3: 1.60, 2.00, 1.74, 1.40); on Branin-12 (seeds 0-2, calibrated)
     the correlation of the sd with the distance to the data was 0.26-0.50 against
     0.38-0.56, and the normalised RMSE 0.42-0.64 against 0.40-0.57 (SWAG and
     ``"last_layer"``): a little less distance-aware in two dimensions, no longer drawn to
