@@ -57,7 +57,9 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
     ``construct_inputs`` builds it: 64-64 hidden units below 200 points, at least 500 Adam
     steps, the particles' spread calibrated by 5-fold cross-validation (since 2026-11-26;
     before: 512-512 and 12 epochs, i.e. 12 full-batch steps, uncalibrated; the runs' ``code``
-    field says which);
+    field says which) and, since 2026-11-27, combined with the outcome's prior
+    (``PriorReversion``: where the particles disagree more than the targets vary, the mean
+    reverts to the targets' mean and the spread saturates at theirs);
   - ``swag``, ``multiswag``, ``pca_ess``, ``pca_vi``: ``fit_weight_ensemble(method=...)``
     (MLP with 50 hidden units and learned homoscedastic noise, which is the default without a
     hold-out since 2026-11-26, the heteroscedastic MLP before (the runs' ``code`` field says
@@ -66,7 +68,8 @@ value, maximised by ``optimize_acqf``; every model is refitted from scratch at e
     redrawn from its exact posterior given the member's body, ``bayesian_last_layer``, the
     default without a hold-out, and since commit 8473598 the network's last hidden layer
     scaled to unit norm under it, ``normalize_last_hidden``; the ensemble's spread calibrated
-    by 5-fold cross-validation);
+    by 5-fold cross-validation and, since 2026-11-27, combined with the outcome's prior,
+    ``prior_reversion``, as for ``vboot_mlp``);
   - ``last_layer``: ``fit_weight_ensemble(method="last_layer")``: the same network (unit-norm
     last hidden layer since 8473598) at its SWA mean with the exact posterior of its last
     layer (DNGO's surrogate), 16 draws, calibrated the same way;

@@ -6,7 +6,6 @@ BoTorch only; the Ax run itself is in ``test_ax_integration.py``.
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 
 import pytest
@@ -267,9 +266,12 @@ def test_vboot_mlp_small_designs_get_a_small_network_and_calibration():
         members = model.model(model.transform_inputs(xq))[..., 0]  # (S, 7), standardised
         values = model.posterior(xq.unsqueeze(0)).values[0, :, :, 0]  # (S, 7), original units
     sd = model.outcome_transform.stdvs.squeeze()
-    torch.testing.assert_close(
-        values.std(0), members.std(0) * sd * math.sqrt(cal.scale), rtol=1e-6, atol=1e-9
-    )
+    # then combined with the outcome's prior (PriorReversion, test_prior_reversion.py):
+    # var' = v0 V / (v0 + V) with V = kappa * members' variance
+    assert cal.prior_reversion and model.prior_reversion is not None
+    V = cal.scale * members.var(0)
+    v0 = model.prior_reversion.prior_sd.square()
+    torch.testing.assert_close(values.var(0), v0 * V / (v0 + V) * sd**2, rtol=1e-6, atol=1e-9)
     plain = fit_gpext_surrogate(
         VBootSurrogate(**VBootSurrogate.construct_inputs(data, ensemble="mlp", num_particles=3)),
         num_epochs=50, calibrate=False,

@@ -152,6 +152,10 @@ def test_weight_ensemble_spread_is_scaled_about_the_mean():
     assert model.variance_calibration is not None
     kappa = model.epistemic_scale
     assert kappa >= 1.0 and model.fit_selection["epistemic_scale"] == kappa
+    # the calibrated regression ensemble is combined with its outcome's prior (tested in
+    # test_prior_reversion.py); here the spread factor alone
+    assert model.fit_selection["prior_reversion"] and model.variance_calibration.prior_reversion
+    model.prior_reversion = None
     xq = torch.rand(20, 1, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     scaled = model.forward(xq).detach()
     model.epistemic_scale = 1.0

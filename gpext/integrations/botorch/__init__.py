@@ -42,6 +42,7 @@ from gpext.integrations.botorch.noisy_ensemble_posterior import (  # noqa: E402
     NoisyEnsemblePosterior,
 )
 from gpext.integrations.botorch.noisy_ensemble_sampler import NoisyEnsembleSampler  # noqa: E402
+from gpext.integrations.botorch.prior_reversion import PriorReversion  # noqa: E402
 from gpext.integrations.botorch.sample_ensemble_surrogate import (  # noqa: E402
     SampleEnsembleSurrogate,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "MissingExtraError",
     "NoisyEnsemblePosterior",
     "NoisyEnsembleSampler",
+    "PriorReversion",
     "SampleEnsembleSurrogate",
     "VBootSurrogate",
     "VarianceCalibration",

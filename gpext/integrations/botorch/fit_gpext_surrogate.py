@@ -10,6 +10,7 @@ import torch
 from gpext.errors import InputTypeError, NotFittedError, expected_got
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
+from gpext.integrations.botorch.prior_reversion import attach_prior_reversion
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
 from gpext.integrations.botorch.variance_calibration import cross_validated_variance_scale
 
@@ -75,7 +76,11 @@ def fit_gpext_surrogate(
     :func:`~gpext.integrations.botorch.fit_weight_ensemble` itself (``calibrate`` and
     ``calibration_folds`` are passed on when given).  The result is in
     ``model.variance_calibration`` (``None`` without calibration) and the factor in
-    ``model.epistemic_scale``.  The folds start from a copy of the adapter as it was before
+    ``model.epistemic_scale``.  A calibrated ``VBootMLP`` regression ensemble is also
+    combined with its outcome's prior (``model.prior_reversion``, a
+    :class:`~gpext.integrations.botorch.PriorReversion`, with :math:`\kappa` chosen for the
+    combination: where the particles disagree more than the targets vary, the mean reverts
+    to the targets' mean and the spread saturates at theirs).  The folds start from a copy of the adapter as it was before
     its first fit by this function (kept with the adapter, outside its modules and state
     dict), so refitting a fitted adapter never lets a fold start from weights that have seen
     its held-out rows.
@@ -140,6 +145,8 @@ def fit_gpext_surrogate(
     if calibrate and isinstance(model, LatentGPSurrogate):
         model._set_variance_scale(1.0)  # fails early for adapters without calibration
     model.epistemic_scale = 1.0
+    if model._modules.get("prior_reversion") is not None:
+        model.prior_reversion = None
     pristine = model.__dict__.get(_PRISTINE)
     calibratable = isinstance(model, SampleEnsembleSurrogate) or (
         type(model)._set_variance_scale is not LatentGPSurrogate._set_variance_scale
@@ -159,11 +166,16 @@ def fit_gpext_surrogate(
             fold._fit_wrapped(x, y, **fit_kwargs)
             return fold
 
-        result = cross_validated_variance_scale(fit_fold, X, Y, num_folds=calibration_folds)
+        reverts = bool(getattr(model, "_reverts_to_prior", False))
+        result = cross_validated_variance_scale(
+            fit_fold, X, Y, num_folds=calibration_folds, prior_reversion=reverts
+        )
         if isinstance(model, LatentGPSurrogate):
             model._set_variance_scale(result.scale)
         else:
             model.epistemic_scale = result.scale
+            if reverts:
+                attach_prior_reversion(model, Y if result.prior_reversion else None)
         model.variance_calibration = result
     model.eval()
     return model

@@ -12,6 +12,7 @@ import torch
 from gpext.errors import InputDataError, ShapeError, expected_got
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS
 from gpext.integrations.botorch._checks import check_query
+from gpext.integrations.botorch.prior_reversion import attach_prior_reversion
 from gpext.integrations.botorch.variance_calibration import cross_validated_variance_scale
 from gpext.integrations.botorch.weight_ensemble_surrogate import WeightEnsembleSurrogate
 from gpext.subspace import (
@@ -132,6 +133,7 @@ def fit_weight_ensemble(
     calibration_folds: int = 5,
     bayesian_last_layer: bool | None = None,
     normalize_last_hidden: bool | None = None,
+    prior_reversion: bool = True,
 ) -> WeightEnsembleSurrogate:
     r"""Train an MLP by SGD, build a weight posterior, return a BoTorch surrogate.
 
@@ -201,7 +203,13 @@ def fit_weight_ensemble(
     maximum-likelihood factor :math:`\kappa \ge 1` on the variance
     (:func:`~gpext.integrations.botorch.cross_validated_variance_scale`; ``fit_selection
     ["epistemic_scale"]``, ``model.variance_calibration``).  It costs ``calibration_folds``
-    extra fits.
+    extra fits.  A calibrated regression ensemble is also combined with its outcome's prior
+    (``prior_reversion``, default on; a :class:`~gpext.integrations.botorch.PriorReversion`,
+    with :math:`\kappa` chosen for the combination; ``fit_selection["prior_reversion"]``):
+    where the members disagree more than the targets vary, their mean reverts to the targets'
+    mean and their spread saturates at the targets' spread, as a GP's does.  On Hartmann-6
+    with 10 points the calibrated Bayesian last layer's sd at the corners of the cube
+    reached 8 times the targets', so expected improvement kept choosing corners.
 
     Conditional Bayesian last layer of small designs (``bayesian_last_layer``; by default
     exactly when there is no hold-out and the network is homoscedastic).  The calibration
@@ -299,6 +307,8 @@ def fit_weight_ensemble(
         normalize_last_hidden: Train the network with its last hidden layer scaled to unit
             norm (above).  ``None`` (default): wherever the last layer is Bayesian
             (``"last_layer"``, or ``bayesian_last_layer``).
+        prior_reversion: With calibration of a regression network, combine the calibrated
+            ensemble with the outcome's prior (above); ``False``: the calibrated ensemble alone.
 
     Returns:
         A :class:`WeightEnsembleSurrogate` in eval mode. Its ``fit_selection`` dictionary
@@ -310,7 +320,7 @@ def fit_weight_ensemble(
         layer; lists of one entry per component for MultiSWAG), ``"log_evidence"``
         (``"last_layer"``), ``"scores"``
         (held-out score per ``(recipe, likelihood)`` candidate; empty without a hold-out),
-        ``"epistemic_scale"`` (1 without calibration).
+        ``"epistemic_scale"`` (1 without calibration), ``"prior_reversion"`` (bool).
 
     Raises:
         InputDataError: On an unknown ``method`` or ``likelihood``, ``swa_epochs >= epochs``,
@@ -546,12 +556,16 @@ def fit_weight_ensemble(
 
         x_all = x if x_val is None else torch.cat([x, x_val])
         y_all = y if y_val is None else torch.cat([y, y_val])
+        reverts = bool(prior_reversion) and lik.is_regression
         result = cross_validated_variance_scale(
             fit_fold, x_all, y_all.unsqueeze(-1), num_folds=calibration_folds,
-            generator=torch.Generator().manual_seed(seed),
+            generator=torch.Generator().manual_seed(seed), prior_reversion=reverts,
         )  # fmt: skip
         model.epistemic_scale = result.scale
         model.variance_calibration = result
+        if reverts:
+            attach_prior_reversion(model, y_all.unsqueeze(-1) if result.prior_reversion else None)
     selection["epistemic_scale"] = float(model.epistemic_scale)
+    selection["prior_reversion"] = model._modules.get("prior_reversion") is not None
     model.fit_selection = selection
     return model

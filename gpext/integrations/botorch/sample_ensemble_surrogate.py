@@ -358,6 +358,11 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         With an :attr:`epistemic_scale` :math:`\kappa \ne 1` the members are spread about their
         (weighted) mean, :math:`\bar f + \sqrt\kappa\,(f^{(s)} - \bar f)`, so the ensemble's
         variance is :math:`\kappa` times the members' and every sample is still a function.
+        With a ``prior_reversion`` submodule (a
+        :class:`~gpext.integrations.botorch.PriorReversion`, set by the cross-validated
+        calibration of ``fit_weight_ensemble`` and ``fit_gpext_surrogate``), the spread members
+        are then combined with the outcome's prior, so that where they disagree more than the
+        targets vary their mean reverts to the targets' mean and their spread saturates.
         """
         flat = X.reshape(-1, X.shape[-1])
         out = self._members(flat)  # shape: (S, N, m)
@@ -370,6 +375,9 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
                 w = (weights / weights.sum()).to(out)
                 center = (w.reshape(-1, 1, 1) * out).sum(0, keepdim=True)
             out = center + math.sqrt(kappa) * (out - center)
+        reversion = self._modules.get("prior_reversion")
+        if reversion is not None:
+            out = reversion(out, self.ensemble_weights)
         if self._output_subset is not None:
             out = out[..., self._output_subset]
         out = out.reshape(out.shape[0], *X.shape[:-1], out.shape[-1])

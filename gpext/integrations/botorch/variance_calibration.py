@@ -32,12 +32,16 @@ class VarianceCalibration:
         num_folds: Folds used (0 when there were too few points and ``scale`` is 1).
         heldout_nll: Mean held-out negative log density per point at :math:`\kappa = 1`
             (outcome-transformed units).
-        heldout_nll_calibrated: The same at the chosen :math:`\kappa`.
+        heldout_nll_calibrated: The same at the chosen :math:`\kappa` (and with the prior
+            where ``prior_reversion``).
         heldout_coverage90: Share of held-out targets inside the central 90% interval at
             :math:`\kappa = 1`.
         heldout_coverage90_calibrated: The same at the chosen :math:`\kappa`.
         fold_warnings: Warnings the folds' fits raised (not re-issued: the final fit's own
             warnings are), as ``"Category: message"``.
+        prior_reversion: Whether :math:`\kappa` was chosen for the combination with the
+            outcome's prior (:class:`~gpext.integrations.botorch.PriorReversion`); the
+            ``*_calibrated`` figures are then those of the combination.
     """
 
     scale: float
@@ -47,6 +51,7 @@ class VarianceCalibration:
     heldout_coverage90: float = math.nan
     heldout_coverage90_calibrated: float = math.nan
     fold_warnings: list[str] = field(default_factory=list)
+    prior_reversion: bool = False
 
 
 def _heldout_moments(
@@ -82,6 +87,7 @@ def cross_validated_variance_scale(
     *,
     num_folds: int = 5,
     generator: torch.Generator | None = None,
+    prior_reversion: bool = False,
 ) -> VarianceCalibration:
     r"""A factor on the epistemic variance, chosen by K-fold cross-validation.
 
@@ -106,6 +112,16 @@ def cross_validated_variance_scale(
     outcome-transformed ``Y`` of the whole design (e.g. one ``Standardize``), so the held-out
     points have influenced the transform, not the fit.
 
+    With ``prior_reversion=True`` the adapter will be combined with its outcome's prior
+    (:class:`~gpext.integrations.botorch.PriorReversion`), and :math:`\kappa` is chosen for
+    that predictive: with :math:`m_i, \sigma_i^2` the mean and variance of the targets of the
+    fold that held out point :math:`i` and :math:`V_i = \kappa v_i`, the held-out density is
+
+    .. math::
+
+        \mathcal N\Big(y_i;\ \frac{\sigma_i^2 \mu_i + V_i m_i}{\sigma_i^2 + V_i},\
+            \frac{\sigma_i^2 V_i}{\sigma_i^2 + V_i} + s_i\Big).
+
     Args:
         fit_fold: ``fit_fold(X_train, Y_train)`` returns an adapter fitted to those rows,
             whose latent moments (:class:`LatentGPSurrogate`) or members
@@ -117,6 +133,9 @@ def cross_validated_variance_scale(
         num_folds: :math:`K` (at most ``n``); fewer than 4 points give :math:`\kappa = 1`
             without refits.
         generator: Random generator of the fold assignment.
+        prior_reversion: Choose :math:`\kappa` for the combination with the outcome's prior
+            (regression ensembles; ``Y`` in the space the prior is taken in, the
+            outcome-transformed one).
 
     Returns:
         A :class:`VarianceCalibration`.
@@ -141,6 +160,7 @@ def cross_validated_variance_scale(
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     perm = torch.randperm(n, generator=generator).to(X.device)
     means, variances, noises, targets, caught = [], [], [], [], []
+    prior_means, prior_vars = [], []
     for fold in range(k):
         test = perm[fold::k]
         train = perm[torch.arange(n, device=X.device) % k != fold]
@@ -157,28 +177,53 @@ def cross_validated_variance_scale(
         variances.append(var)
         noises.append(noise)
         targets.append(Y[test])
+        if prior_reversion:
+            y_train = Y[train].double()
+            prior_means.append(y_train.mean(0).expand(test.shape[0], -1))
+            prior_vars.append(
+                y_train.var(0, unbiased=False).clamp_min(1e-12).expand(test.shape[0], -1)
+            )
     mean, var, noise, y = (torch.cat(t).double() for t in (means, variances, noises, targets))
-    r2 = (y - mean).square()
+    if prior_reversion:
+        m0, v0 = torch.cat(prior_means), torch.cat(prior_vars)
+    candidates = [bool(prior_reversion)]
 
-    def nll(log_kappa: float) -> float:
-        total = (math.exp(log_kappa) * var + noise).clamp_min(1e-12)
+    def moments(kappa: float, revert: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        V = kappa * var
+        if not revert:
+            return mean, V
+        return (v0 * mean + V * m0) / (v0 + V), v0 * V / (v0 + V)
+
+    def nll_at(revert: bool, log_kappa: float) -> float:
+        mu, v = moments(math.exp(log_kappa), revert)
+        total = (v + noise).clamp_min(1e-12)
+        r2 = (y - mu).square()
         return float(0.5 * (total.log() + r2 / total + math.log(2 * math.pi)).mean())
 
-    def coverage(kappa: float) -> float:
-        sd = (kappa * var + noise).sqrt()
-        return float(((y - mean).abs() <= 1.6448536269514722 * sd).double().mean())
+    def coverage(kappa: float, revert: bool = False) -> float:
+        mu, v = moments(kappa, revert)
+        sd = (v + noise).sqrt()
+        return float(((y - mu).abs() <= 1.6448536269514722 * sd).double().mean())
+
+    def nll(log_kappa: float) -> float:
+        return nll_at(False, log_kappa)
 
     grid = [i * math.log(MAX_VARIANCE_SCALE) / 12 for i in range(13)]
-    log_kappa, _ = minimize_scalar_on_grid(nll, grid)
+    best = None
+    for revert in candidates:
+        log_kappa, value = minimize_scalar_on_grid(lambda t, r=revert: nll_at(r, t), grid)
+        if nll_at(revert, 0.0) <= value:
+            log_kappa, value = 0.0, nll_at(revert, 0.0)
+        if best is None or value < best[2]:
+            best = (revert, log_kappa, value)
+    revert, log_kappa, _ = best
     kappa = math.exp(log_kappa)
-    if nll(0.0) <= nll(log_kappa):
-        kappa = 1.0
     if kappa >= 0.99 * MAX_VARIANCE_SCALE:
         warnings.warn(
             f"cross_validated_variance_scale: the held-out errors of the {k} folds call for the "
             f"largest factor on the epistemic variance, {MAX_VARIANCE_SCALE:g} (held-out 90% "
-            f"coverage {coverage(1.0):.2f} before, {coverage(kappa):.2f} after): the surrogate's "
-            "spread carries almost no information about its errors at this design size, so its "
+            f"coverage {coverage(1.0):.2f} before, {coverage(kappa, revert):.2f} after): the "
+            "surrogate's spread carries almost no information about its errors at this design size, so its "
             "calibrated uncertainty is roughly uniform and large. Use more points, or a model "
             "whose uncertainty grows away from the data (e.g. a GP).",
             FitWarning,
@@ -188,8 +233,9 @@ def cross_validated_variance_scale(
         scale=kappa,
         num_folds=k,
         heldout_nll=nll(0.0),
-        heldout_nll_calibrated=nll(math.log(kappa)),
+        heldout_nll_calibrated=nll_at(revert, math.log(kappa)),
         heldout_coverage90=coverage(1.0),
-        heldout_coverage90_calibrated=coverage(kappa),
+        heldout_coverage90_calibrated=coverage(kappa, revert),
         fold_warnings=caught,
+        prior_reversion=revert,
     )
