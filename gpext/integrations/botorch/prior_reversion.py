@@ -15,8 +15,8 @@ class PriorReversion(nn.Module):
 
     A network fitted to a few points extrapolates its fit, and its members can disagree far
     more than the outcome itself varies: on Hartmann-6 with 10 points, the calibrated Bayesian
-    last layer's standard deviation at the corners of the cube reached 8 times the targets'
-    (4.4 against 0.52), so expected improvement chose corners (where the function is 0).  A GP
+    last layer's standard deviation at the corners of the cube reached 12 times the targets'
+    (6.2 against 0.52), so expected improvement chose corners (where the function is about 0).  A GP
     never does this: its posterior variance is at most its prior variance, and where the data
     say little its mean is the prior mean.  With :math:`\bar f(x)` and :math:`\sigma^2(x)` the
     members' mean and (unbiased) variance at :math:`x`, this module treats the ensemble as a
@@ -44,11 +44,11 @@ class PriorReversion(nn.Module):
     designs, with the variance factor :math:`\kappa` chosen by cross-validation for the
     combination (:func:`~gpext.integrations.botorch.cross_validated_variance_scale`).
 
-    Measured with ``benchmarks/bo.py`` on Hartmann-6 (10 initial points, 20 iterations of
-    LogEI, seeds 0-3 and 5): the Bayesian last layer's (``method="last_layer"``) first
-    candidate on seed 5 moved from a vertex of the cube (true value 1e-7) to an interior point
-    (0.50), and the final regret fell on four of the five seeds and rose on none (mean 1.83
-    without, 1.54 with; random search 1.67, ``SingleTaskGP`` 0.45).
+    Measured on Hartmann-6 (10 initial points of ``benchmarks/bo.py``'s seed 5): the Bayesian
+    last layer's (``method="last_layer"``) first LogEI candidate had five of its six coordinates
+    on the bounds (true value 0.09) without the combination and was an interior point (0.50)
+    with it.  The 10-seed, 20-iteration runs with the combination are in
+    ``benchmarks/results/partial/bo_full_s33_hartmann6_combined.md``.
 
     Args:
         prior_mean: :math:`m_0` per output (outcome-transformed space). # shape: (m,)
