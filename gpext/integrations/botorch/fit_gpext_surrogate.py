@@ -80,10 +80,10 @@ def fit_gpext_surrogate(
     combined with its outcome's prior (``model.prior_reversion``, a
     :class:`~gpext.integrations.botorch.PriorReversion`, with :math:`\kappa` chosen for the
     combination: where the particles disagree more than the targets vary, the mean reverts
-    to the targets' mean and the spread saturates at theirs).  The folds start from a copy of the adapter as it was before
-    its first fit by this function (kept with the adapter, outside its modules and state
-    dict), so refitting a fitted adapter never lets a fold start from weights that have seen
-    its held-out rows.
+    to the targets' mean and the spread saturates at theirs).  The folds start from a copy of
+    the adapter as it was before its first fit by this function (kept with the adapter,
+    outside its modules and state dict), so refitting a fitted adapter never lets a fold
+    start from weights that have seen its held-out rows.
 
     Args:
         model: An adapter built with ``train_X`` and ``train_Y``.

@@ -186,44 +186,36 @@ def cross_validated_variance_scale(
     mean, var, noise, y = (torch.cat(t).double() for t in (means, variances, noises, targets))
     if prior_reversion:
         m0, v0 = torch.cat(prior_means), torch.cat(prior_vars)
-    candidates = [bool(prior_reversion)]
+    revert = bool(prior_reversion)
 
-    def moments(kappa: float, revert: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def moments(kappa: float, combined: bool) -> tuple[torch.Tensor, torch.Tensor]:
         V = kappa * var
-        if not revert:
+        if not combined:
             return mean, V
         return (v0 * mean + V * m0) / (v0 + V), v0 * V / (v0 + V)
 
-    def nll_at(revert: bool, log_kappa: float) -> float:
-        mu, v = moments(math.exp(log_kappa), revert)
+    def nll(log_kappa: float, combined: bool = revert) -> float:
+        mu, v = moments(math.exp(log_kappa), combined)
         total = (v + noise).clamp_min(1e-12)
         r2 = (y - mu).square()
         return float(0.5 * (total.log() + r2 / total + math.log(2 * math.pi)).mean())
 
-    def coverage(kappa: float, revert: bool = False) -> float:
-        mu, v = moments(kappa, revert)
+    def coverage(kappa: float, combined: bool = revert) -> float:
+        mu, v = moments(kappa, combined)
         sd = (v + noise).sqrt()
         return float(((y - mu).abs() <= 1.6448536269514722 * sd).double().mean())
 
-    def nll(log_kappa: float) -> float:
-        return nll_at(False, log_kappa)
-
     grid = [i * math.log(MAX_VARIANCE_SCALE) / 12 for i in range(13)]
-    best = None
-    for revert in candidates:
-        log_kappa, value = minimize_scalar_on_grid(lambda t, r=revert: nll_at(r, t), grid)
-        if nll_at(revert, 0.0) <= value:
-            log_kappa, value = 0.0, nll_at(revert, 0.0)
-        if best is None or value < best[2]:
-            best = (revert, log_kappa, value)
-    revert, log_kappa, _ = best
+    log_kappa, _ = minimize_scalar_on_grid(nll, grid)
+    if nll(0.0) <= nll(log_kappa):
+        log_kappa = 0.0
     kappa = math.exp(log_kappa)
     if kappa >= 0.99 * MAX_VARIANCE_SCALE:
         warnings.warn(
             f"cross_validated_variance_scale: the held-out errors of the {k} folds call for the "
             f"largest factor on the epistemic variance, {MAX_VARIANCE_SCALE:g} (held-out 90% "
-            f"coverage {coverage(1.0):.2f} before, {coverage(kappa, revert):.2f} after): the "
-            "surrogate's spread carries almost no information about its errors at this design size, so its "
+            f"coverage {coverage(1.0, False):.2f} before, {coverage(kappa):.2f} after): the surrogate's "
+            "spread carries almost no information about its errors at this design size, so its "
             "calibrated uncertainty is roughly uniform and large. Use more points, or a model "
             "whose uncertainty grows away from the data (e.g. a GP).",
             FitWarning,
@@ -232,10 +224,10 @@ def cross_validated_variance_scale(
     return VarianceCalibration(
         scale=kappa,
         num_folds=k,
-        heldout_nll=nll(0.0),
-        heldout_nll_calibrated=nll_at(revert, math.log(kappa)),
-        heldout_coverage90=coverage(1.0),
-        heldout_coverage90_calibrated=coverage(kappa, revert),
+        heldout_nll=nll(0.0, False),
+        heldout_nll_calibrated=nll(math.log(kappa)),
+        heldout_coverage90=coverage(1.0, False),
+        heldout_coverage90_calibrated=coverage(kappa),
         fold_warnings=caught,
         prior_reversion=revert,
     )
