@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from botorch.models.transforms import Standardize
+from botorch.posteriors.ensemble import EnsemblePosterior
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError
 from gpext.integrations.botorch import (
@@ -48,8 +49,14 @@ def test_weighted_members_and_the_limits():
     out = rev(values, w)
     p = (w / w.sum()).reshape(-1, 1, 1)
     mu = (p * values).sum(0)
-    var = (p * (values - mu).square()).sum(0) * 5 / 4
+    var = (p * (values - mu).square()).sum(0) / (1 - p.square().sum())
     torch.testing.assert_close((p * out).sum(0), mu / (1 + var))
+    # the weighted posterior of the combined members reports exactly the product's moments
+    before = EnsemblePosterior(values.movedim(0, -3), weights=w)
+    after = EnsemblePosterior(out.movedim(0, -3), weights=w)
+    torch.testing.assert_close(before.variance, var)
+    torch.testing.assert_close(after.mean, mu / (1 + var))
+    torch.testing.assert_close(after.variance, var / (1 + var))
     # an ensemble much surer than the prior is unchanged; a far less sure one becomes the prior
     sure = 1.0 + 1e-4 * values
     torch.testing.assert_close(rev(sure), sure, rtol=0, atol=1e-7)

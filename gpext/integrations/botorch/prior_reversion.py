@@ -19,7 +19,8 @@ class PriorReversion(nn.Module):
     (6.2 against 0.52), so expected improvement chose corners (where the function is about 0).  A GP
     never does this: its posterior variance is at most its prior variance, and where the data
     say little its mean is the prior mean.  With :math:`\bar f(x)` and :math:`\sigma^2(x)` the
-    members' mean and (unbiased) variance at :math:`x`, this module treats the ensemble as a
+    members' mean and (unbiased) variance at :math:`x` (with member weights, their weighted
+    mean and the reliability-weighted variance of BoTorch's ``EnsemblePosterior``), this module treats the ensemble as a
     Gaussian opinion :math:`\mathcal N(\bar f, \sigma^2)` and multiplies it by the prior,
     :math:`m_0, \sigma_0^2` being the mean and variance of the training targets (0 and 1 for a
     ``Standardize``-d outcome).  The product has
@@ -108,7 +109,9 @@ class PriorReversion(nn.Module):
                 )
             w = (weights / weights.sum()).to(values).reshape(-1, 1, 1)
             mean = (w * values).sum(0, keepdim=True)
-            var = (w * (values - mean).square()).sum(0, keepdim=True) * (S / (S - 1))
+            # reliability weights, as BoTorch's EnsemblePosterior.variance (S / (S - 1) when
+            # the weights are uniform), so the posterior reports exactly the product's variance
+            var = (w * (values - mean).square()).sum(0, keepdim=True) / (1 - w.square().sum())
         v0 = self.prior_sd.to(values).square()
         m0 = self.prior_mean.to(values)
         total = v0 + var
