@@ -96,9 +96,15 @@ def test_a_factor_at_its_upper_bound_warns():
     from gpext.integrations.botorch.variance_calibration import MAX_VARIANCE_SCALE
 
     x, y, _ = _residual_data(1e6, n=40)
-    with pytest.warns(FitWarning, match="largest factor"):
+    with pytest.warns(FitWarning, match="largest factor.*roughly uniform and large"):
         res = cross_validated_variance_scale(lambda a, b: _FixedPredictor(0.0), x, y)
     assert res.scale == pytest.approx(MAX_VARIANCE_SCALE, rel=0.01)
+    # combined with the outcome's prior, the message says what the surrogate then is
+    with pytest.warns(FitWarning, match="largest factor.*it is that prior"):
+        res = cross_validated_variance_scale(
+            lambda a, b: _FixedPredictor(0.0), x, y, prior_reversion=True
+        )
+    assert res.prior_reversion and res.scale == pytest.approx(MAX_VARIANCE_SCALE, rel=0.01)
     x, y, _ = _residual_data(9.0, n=40)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FitWarning)

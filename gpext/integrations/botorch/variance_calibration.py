@@ -146,7 +146,9 @@ def cross_validated_variance_scale(
     Warns:
         FitWarning: If :math:`\kappa` reaches its upper bound :math:`10^4` (the spread is
             at most 1% of the held-out errors; seen with networks on 10-15 points of
-            Hartmann-6).
+            Hartmann-6).  With ``prior_reversion`` the message says that the surrogate is
+            then the outcome's prior away from the data, without it that its uncertainty is
+            roughly uniform and large.
     """
     num_folds = check_positive_int(num_folds, "cross_validated_variance_scale.num_folds")
     if num_folds < 2:
@@ -215,9 +217,15 @@ def cross_validated_variance_scale(
             f"cross_validated_variance_scale: the held-out errors of the {k} folds call for the "
             f"largest factor on the epistemic variance, {MAX_VARIANCE_SCALE:g} (held-out 90% "
             f"coverage {coverage(1.0, False):.2f} before, {coverage(kappa):.2f} after): the surrogate's "
-            "spread carries almost no information about its errors at this design size, so its "
-            "calibrated uncertainty is roughly uniform and large. Use more points, or a model "
-            "whose uncertainty grows away from the data (e.g. a GP).",
+            "spread carries almost no information about its errors at this design size, so "
+            + (
+                "combined with the outcome's prior it is that prior (the targets' mean and "
+                "spread) wherever its members disagree at all, and its own mean only at the "
+                "data. "
+                if revert
+                else "its calibrated uncertainty is roughly uniform and large. "
+            )
+            + "Use more points, or a model whose uncertainty grows away from the data (e.g. a GP).",
             FitWarning,
             stacklevel=2,
         )
