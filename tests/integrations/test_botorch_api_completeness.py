@@ -78,8 +78,10 @@ def vboot_two_outputs(dtype: torch.dtype) -> VBootSurrogate:
 
 
 def ensemble_adapters(dtype: torch.dtype) -> dict:
-    out = {m: weight_ensemble(dtype, m) for m in ("swag", "multiswag", "pca_ess", "pca_vi",
-                                                  "last_layer")}
+    out = {
+        m: weight_ensemble(dtype, m)
+        for m in ("swag", "multiswag", "pca_ess", "pca_vi", "last_layer")
+    }
     out.update(
         vboot_rff=vboot_rff(dtype),
         vboot_mlp=vboot_mlp(dtype),
