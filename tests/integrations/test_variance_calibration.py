@@ -100,7 +100,7 @@ def test_a_factor_at_its_upper_bound_warns():
         res = cross_validated_variance_scale(lambda a, b: _FixedPredictor(0.0), x, y)
     assert res.scale == pytest.approx(MAX_VARIANCE_SCALE, rel=0.01)
     # combined with the outcome's prior, the message says what the surrogate then is
-    with pytest.warns(FitWarning, match="largest factor.*it is that prior"):
+    with pytest.warns(FitWarning, match="largest factor.*close to that prior"):
         res = cross_validated_variance_scale(
             lambda a, b: _FixedPredictor(0.0), x, y, prior_reversion=True
         )

@@ -147,8 +147,9 @@ def cross_validated_variance_scale(
         FitWarning: If :math:`\kappa` reaches its upper bound :math:`10^4` (the spread is
             at most 1% of the held-out errors; seen with networks on 10-15 points of
             Hartmann-6).  With ``prior_reversion`` the message says that the surrogate is
-            then the outcome's prior away from the data, without it that its uncertainty is
-            roughly uniform and large.
+            then close to the outcome's prior wherever its members disagree by more than about
+            1% of the targets' spread (possibly at its training points too), without it that
+            its uncertainty is roughly uniform and large.
     """
     num_folds = check_positive_int(num_folds, "cross_validated_variance_scale.num_folds")
     if num_folds < 2:
@@ -219,9 +220,9 @@ def cross_validated_variance_scale(
             f"coverage {coverage(1.0, False):.2f} before, {coverage(kappa):.2f} after): the surrogate's "
             "spread carries almost no information about its errors at this design size, so "
             + (
-                "combined with the outcome's prior it is that prior (the targets' mean and "
-                "spread) wherever its members disagree at all, and its own mean only at the "
-                "data. "
+                "combined with the outcome's prior it is close to that prior (the targets' "
+                "mean and spread) wherever its members' spread is more than about 1% of the "
+                "targets', possibly even at its training points. "
                 if revert
                 else "its calibrated uncertainty is roughly uniform and large. "
             )
