@@ -57,6 +57,9 @@ def test_weighted_members_and_the_limits():
     torch.testing.assert_close(before.variance, var)
     torch.testing.assert_close(after.mean, mu / (1 + var))
     torch.testing.assert_close(after.variance, var / (1 + var))
+    # all weight on one member: no spread, the members are returned as they are (not NaN)
+    one_hot = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(rev(values, one_hot), values)
     # an ensemble much surer than the prior is unchanged; a far less sure one becomes the prior
     sure = 1.0 + 1e-4 * values
     torch.testing.assert_close(rev(sure), sure, rtol=0, atol=1e-7)

@@ -20,8 +20,8 @@ class PriorReversion(nn.Module):
     never does this: its posterior variance is at most its prior variance, and where the data
     say little its mean is the prior mean.  With :math:`\bar f(x)` and :math:`\sigma^2(x)` the
     members' mean and (unbiased) variance at :math:`x` (with member weights, their weighted
-    mean and the reliability-weighted variance of BoTorch's ``EnsemblePosterior``), this module treats the ensemble as a
-    Gaussian opinion :math:`\mathcal N(\bar f, \sigma^2)` and multiplies it by the prior,
+    mean and the reliability-weighted variance of BoTorch's ``EnsemblePosterior``), this
+    module treats the ensemble as a Gaussian opinion :math:`\mathcal N(\bar f, \sigma^2)` and multiplies it by the prior,
     :math:`m_0, \sigma_0^2` being the mean and variance of the training targets (0 and 1 for a
     ``Standardize``-d outcome).  The product has
 
@@ -111,7 +111,9 @@ class PriorReversion(nn.Module):
             mean = (w * values).sum(0, keepdim=True)
             # reliability weights, as BoTorch's EnsemblePosterior.variance (S / (S - 1) when
             # the weights are uniform), so the posterior reports exactly the product's variance
-            var = (w * (values - mean).square()).sum(0, keepdim=True) / (1 - w.square().sum())
+            # (weights on one member only: no spread, and 0 / 0 is taken as 0, not NaN)
+            effective = (1 - w.square().sum()).clamp_min(torch.finfo(values.dtype).eps)
+            var = (w * (values - mean).square()).sum(0, keepdim=True) / effective
         v0 = self.prior_sd.to(values).square()
         m0 = self.prior_mean.to(values)
         total = v0 + var
