@@ -21,7 +21,8 @@ class PriorReversion(nn.Module):
     say little its mean is the prior mean.  With :math:`\bar f(x)` and :math:`\sigma^2(x)` the
     members' mean and (unbiased) variance at :math:`x` (with member weights, their weighted
     mean and the reliability-weighted variance of BoTorch's ``EnsemblePosterior``), this
-    module treats the ensemble as a Gaussian opinion :math:`\mathcal N(\bar f, \sigma^2)` and multiplies it by the prior,
+    module treats the ensemble as a Gaussian opinion :math:`\mathcal N(\bar f, \sigma^2)` and
+    multiplies it by the prior,
     :math:`m_0, \sigma_0^2` being the mean and variance of the training targets (0 and 1 for a
     ``Standardize``-d outcome).  The product has
 
