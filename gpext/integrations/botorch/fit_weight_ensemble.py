@@ -222,9 +222,10 @@ def fit_weight_ensemble(
     -0.07 to 0.23 for MultiSWAG (``SingleTaskGP``: 0.80-0.84), while the correlation with
     the distance to the box centre was 0.36-0.66: the members disagreed most towards the
     corners, where the ReLU network extrapolates linearly, not in the gaps between the
-    points.  In the partial ``benchmarks/bo.py`` runs (``benchmarks/results/partial``)
-    these methods then did not beat random search (Branin, seeds 0-4, final regret 3.7 for
-    PCA + ESS and 4.2 for SWAG against 3.1).  With the conditional last layer every
+    points.  In early ``benchmarks/bo.py`` runs without these defaults (kept in
+    ``benchmarks/results/partial``) these methods then did not beat random search (Branin,
+    seeds 0-4, final regret 3.7 for PCA + ESS and 4.2 for SWAG against 3.1; the 10-seed runs
+    with the defaults are in ``benchmarks/results/bo.md``).  With the conditional last layer every
     member's body :math:`b_s` is the method's draw and its last layer a draw of the exact
     Gaussian posterior given that body,
 

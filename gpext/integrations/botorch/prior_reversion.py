@@ -50,7 +50,7 @@ class PriorReversion(nn.Module):
     last layer's (``method="last_layer"``) first LogEI candidate had five of its six coordinates
     on the bounds (true value 0.09) without the combination and was an interior point (0.50)
     with it.  The 10-seed, 20-iteration runs with the combination are in
-    ``benchmarks/results/partial/bo_full_s33_hartmann6_combined.md``.
+    ``benchmarks/results/bo.md``.
 
     Args:
         prior_mean: :math:`m_0` per output (outcome-transformed space). # shape: (m,)
