@@ -187,8 +187,17 @@ from gpext_bench import write_results
 
 DTYPE = torch.float64
 PROBLEMS = ("branin", "hartmann6", "ackley20", "exp2d", "chartmann6")
-GPEXT_ARMS = ("ign", "gwi", "vboot_rff", "vboot_mlp", "swag", "multiswag", "pca_ess", "pca_vi",
-              "last_layer")
+GPEXT_ARMS = (
+    "ign",
+    "gwi",
+    "vboot_rff",
+    "vboot_mlp",
+    "swag",
+    "multiswag",
+    "pca_ess",
+    "pca_vi",
+    "last_layer",
+)
 ARMS = ("random", "singletaskgp", "vbll", *GPEXT_ARMS, "singletaskgp_constraints")
 CONSTRAINED_ONLY_ARMS = ("singletaskgp_constraints",)
 NUM_CHECK_POINTS = 256
