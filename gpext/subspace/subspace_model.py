@@ -302,7 +302,7 @@ class SubspaceModel(nn.Module):
             show_progress: Progress bar.
 
         Returns:
-            Samples. # shape: (S, r)
+            Samples, on the model's device. # shape: (S, r)
         """
         x, y = self._data_pair(x, y, what="SubspaceModel.sample_ess")
         self.refresh_batch_norm(x)
@@ -313,9 +313,10 @@ class SubspaceModel(nn.Module):
             dtype=self.center.dtype,
             generator=generator,
         )
-        return sampler.sample(
+        thetas = sampler.sample(
             num_samples, initial=initial, burn_in=burn_in, thin=thin, show_progress=show_progress
         )
+        return thetas.to(self.center.device)  # the default chain runs on the CPU, as its generator
 
     def check_fit(
         self,

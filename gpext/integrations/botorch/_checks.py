@@ -22,6 +22,16 @@ def model_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
     return None
 
 
+def model_device(module: torch.nn.Module | None) -> torch.device | None:
+    """The device of the first floating parameter or buffer of ``module`` (or ``None``)."""
+    if module is None:
+        return None
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            return t.device
+    return None
+
+
 def check_query(
     X: object, input_dim: int | None, dtype: torch.dtype | None, what: str
 ) -> torch.Tensor:

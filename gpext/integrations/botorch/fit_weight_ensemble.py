@@ -44,19 +44,21 @@ _KINDS = {"homoscedastic": "homoscedastic_gaussian", "heteroscedastic": "heteros
 _MIN_NOISE_FRACTION = 1e-6
 
 
-def _new_network(kind: str, d: int, hidden: Sequence[int], dtype, generator,
+def _new_network(kind: str, d: int, hidden: Sequence[int], like: torch.Tensor, generator,
                  normalized: bool = False) -> torch.nn.Module:  # fmt: skip
+    """A fresh network on ``like``'s device and dtype (its initialisation drawn on the CPU,
+    so that a seed gives the same network on every device)."""
     seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return regression_network(kind, d, tuple(hidden),
-                                  normalize_last_hidden=normalized).to(dtype)  # fmt: skip
+        net = regression_network(kind, d, tuple(hidden), normalize_last_hidden=normalized)
+    return net.to(device=like.device, dtype=like.dtype)
 
 
 def _train(kind, recipe, x, y, hidden, generator, normalized=False):
     """One network of ``kind`` trained with ``recipe``: ``(net, trajectory, likelihood)``."""
     likelihood = OutputLikelihood(kind, min_variance=1e-6)
-    net = _new_network(kind, x.shape[-1], hidden, x.dtype, generator, normalized)
+    net = _new_network(kind, x.shape[-1], hidden, x, generator, normalized)
     # learned noise scales the mean's gradient by 1 / sigma^2 as sigma^2 shrinks: clip it
     clip = MAX_GRAD_NORM if likelihood.learns_noise else None
     traj = recipe.train(net, x, y, likelihood, max_deviations=20, max_grad_norm=clip,

@@ -128,7 +128,8 @@ class _MemberDraws(nn.Module):
         values = self.model.posterior(X).values  # shape: (*b, S, n, m)
         s, n, m = values.shape[-3:]
         batch = torch.broadcast_shapes(values.shape[:-3], self.indices.shape)
-        index = self.indices.expand(batch)[..., None, None, None].expand(*batch, 1, n, m)
+        index = self.indices.to(values.device).expand(batch)[..., None, None, None]
+        index = index.expand(*batch, 1, n, m)
         return values.expand(*batch, s, n, m).gather(-3, index).squeeze(-3)
 
 

@@ -20,7 +20,7 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from linear_operator.operators import DenseLinearOperator
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
-from gpext.integrations.botorch._checks import check_query, model_dtype
+from gpext.integrations.botorch._checks import check_query, model_device, model_dtype
 from gpext.integrations.botorch._fantasize import noise_floor, run_fantasize
 from gpext.integrations.botorch._training_data import TrainingDataMixin
 from gpext.integrations.botorch.noisy_ensemble_posterior import NoisyEnsemblePosterior
@@ -619,9 +619,10 @@ class SampleEnsembleSurrogate(TrainingDataMixin, EnsembleModel, ABC):
         d = self._input_dim
         if d is None and getattr(self, "train_X", None) is not None:
             d = int(self.train_X.shape[-1])
-        dtype = model_dtype(self.model)
+        dtype, device = model_dtype(self.model), model_device(self.model)
         with torch.no_grad():
-            return int(self.forward(torch.zeros(1, d or 1, dtype=dtype)).shape[-3])
+            probe = torch.zeros(1, d or 1, dtype=dtype, device=device)
+            return int(self.forward(probe).shape[-3])
 
     def subset_output(self, idcs: list[int]) -> SampleEnsembleSurrogate:
         """A copy of the adapter whose members have only the outputs ``idcs``.

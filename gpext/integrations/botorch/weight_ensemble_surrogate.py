@@ -169,7 +169,9 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
         self._num_outputs = 1
         if not likelihood.is_regression:
             with torch.no_grad():
-                probe = torch.zeros(1, self._input_dim or 1, dtype=weights.dtype)
+                probe = torch.zeros(
+                    1, self._input_dim or 1, dtype=weights.dtype, device=weights.device
+                )
                 try:
                     self._num_outputs = int(flat.functional_call(weights[0], probe).shape[-1])
                 except (RuntimeError, TypeError) as err:
