@@ -69,6 +69,9 @@ class InKPCASubspace(nn.Module):
     :class:`~gpext.errors.NumericalWarning` says if it is nearly the identity (all
     off-diagonal entries below 0.01) or nearly constant (all above 0.999).
 
+    The decomposition lives on the device of the first deviations (later ones are moved
+    there, and ``.to(device)`` moves it with everything held).
+
     Args:
         rank: Subspace dimension ``r``.
         kernel: A GPyTorch kernel on weight vectors; default the linear kernel with variance 1.
@@ -179,6 +182,8 @@ class InKPCASubspace(nn.Module):
             )
         if not bool(torch.isfinite(x.sum())):  # one cheap pass; the entry-wise check if needed
             check_finite(x, "InKPCASubspace.update(deviations)")
+        if self.num_points == 0 and self.kpca.num_points == 0:
+            self.kpca.to(x.device)  # the state lives where the first deviations are
         if self._pending is not None:
             self._pending.extend(x.unbind(0))
             if sum(1 for d in self._pending if bool(d.any())) < self.num_init:
