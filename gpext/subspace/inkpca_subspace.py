@@ -182,7 +182,7 @@ class InKPCASubspace(nn.Module):
             )
         if not bool(torch.isfinite(x.sum())):  # one cheap pass; the entry-wise check if needed
             check_finite(x, "InKPCASubspace.update(deviations)")
-        if self.num_points == 0 and self.kpca.num_points == 0:
+        if self.num_points == 0:  # nothing buffered or decomposed yet
             self.kpca.to(x.device)  # the state lives where the first deviations are
         if self._pending is not None:
             self._pending.extend(x.unbind(0))

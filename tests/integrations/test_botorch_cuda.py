@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("botorch")
 
+from _botorch_fixtures import D, feasible, objective  # noqa: E402
 from botorch.acquisition import (  # noqa: E402
     LogExpectedImprovement,
     qKnowledgeGradient,
@@ -42,7 +43,7 @@ from gpext.nn import MLP  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-D, N = 2, 20
+N = 20
 DTYPES = [torch.float32, torch.float64]
 REGRESSION = [
     "vboot_rff",
@@ -58,14 +59,10 @@ REGRESSION = [
 GP_BASED = ["ign", "gwi"]
 
 
-def objective(x: torch.Tensor) -> torch.Tensor:
-    return torch.sin(6.0 * x[..., :1]) + torch.cos(4.0 * x[..., 1:]) - x[..., :1]
-
-
 def data(device: str, dtype: torch.dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(N, D, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
-    return x, objective(x), (x.sum(-1, keepdim=True) < 1.0).to(x)
+    return x, objective(x), feasible(x)
 
 
 def build(name: str, device: str, dtype: torch.dtype):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
@@ -9,27 +11,27 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_go
 __all__ = ["check_query", "model_dtype"]
 
 
+def _first_floating(module: torch.nn.Module | None) -> torch.Tensor | None:
+    """The first floating parameter or buffer of ``module`` (``None`` if it has none)."""
+    if module is None:
+        return None
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    return next((t for t in tensors if t.is_floating_point()), None)
+
+
 def model_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
     """The floating dtype of the first floating parameter or buffer of ``module`` (or ``None``).
 
     ``None`` (an adapter whose model is built at its first fit) has no dtype yet.
     """
-    if module is None:
-        return None
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return None
+    t = _first_floating(module)
+    return None if t is None else t.dtype
 
 
 def model_device(module: torch.nn.Module | None) -> torch.device | None:
     """The device of the first floating parameter or buffer of ``module`` (or ``None``)."""
-    if module is None:
-        return None
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.is_floating_point():
-            return t.device
-    return None
+    t = _first_floating(module)
+    return None if t is None else t.device
 
 
 def check_query(
