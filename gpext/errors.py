@@ -33,6 +33,10 @@ __all__ = [
     "ConstantPredictionWarning",
     "OptimizerStallWarning",
     "ConvergenceWarning",
+    "NoSignalWarning",
+    "MiscalibrationWarning",
+    "OverconfidenceWarning",
+    "UnderconfidenceWarning",
     "expected_got",
 ]
 
@@ -141,6 +145,26 @@ class OptimizerStallWarning(FitWarning):
 
 class ConvergenceWarning(FitWarning):
     """The optimiser used its whole budget while the loss was still clearly improving."""
+
+
+class NoSignalWarning(FitWarning):
+    """On rows the fit did not train on, the model predicts no better than the training mean.
+
+    Held-out (or cross-validated) :math:`R^2 \le 0`: either the targets carry no signal about
+    the inputs, or the fit failed to find it; either way its predictive mean is worthless.
+    """
+
+
+class MiscalibrationWarning(FitWarning):
+    """The predictive intervals are far off on rows the fit did not train on."""
+
+
+class OverconfidenceWarning(MiscalibrationWarning):
+    """Held-out targets fall outside the central 95% interval far more often than 5%."""
+
+
+class UnderconfidenceWarning(MiscalibrationWarning):
+    """The predictive variances are several times the held-out squared errors."""
 
 
 def expected_got(what: str, expected: str, got: object, fix: str | None = None) -> str:

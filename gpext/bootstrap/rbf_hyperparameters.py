@@ -179,8 +179,9 @@ def fit_kernel_hyperparameters(
     if num_restarts is None:
         num_restarts = 4 if m <= 500 else 2
     model = build_exact_gp(
-        x[idx], y[idx], noise=None if noise is None else noise[idx], kernel=kernel, priors=priors
-    )
+        x[idx], y[idx], noise=None if noise is None else noise[idx], kernel=kernel,
+        priors=priors, standardize=False,
+    )  # fmt: skip
     result = fit_exact_gp(
         model, num_restarts=num_restarts, max_iter=num_iters, fallback_iters=fallback_iters,
         fallback_lr=lr, generator=generator, name=name,

@@ -15,7 +15,15 @@
 * :class:`FitResult`: what every fit returns (loss trace, stop reason, final gradient norm,
   restarts, problems found).
 * Degenerate-fit checks that issue named warnings: :func:`check_signal_to_noise`,
-  :func:`check_predictions_vary`, :func:`check_explained_variance`.
+  :func:`check_predictions_vary`, :func:`check_explained_variance` on the training rows, and
+  :func:`check_heldout` on rows the fit did not train on (held-out :math:`R^2 \le 0`:
+  :class:`NoSignalWarning`; interval coverage and mean squared z-score:
+  :class:`OverconfidenceWarning` / :class:`UnderconfidenceWarning`), with
+  :func:`holdout_refit_check` for fits that keep no rows and :func:`exact_gp_loo` for exact GPs.
+* :class:`Standardizer`: the data contract (inputs and regression targets standardised inside
+  every model, predictions in the original units, stored in the state dict).
+* Budgets in optimiser steps: :func:`train_loop`'s ``min_steps``, and a
+  :class:`ConvergenceWarning` when the budget ends while the loss is still falling.
 """
 
 from gpext.errors import (
@@ -23,8 +31,20 @@ from gpext.errors import (
     ConvergenceWarning,
     FitError,
     FitWarning,
+    MiscalibrationWarning,
+    NoSignalWarning,
     OptimizerStallWarning,
+    OverconfidenceWarning,
+    UnderconfidenceWarning,
     VarianceCollapseWarning,
+)
+from gpext.fit.checks import (
+    MIN_CHECK_POINTS,
+    HeldoutCheck,
+    check_heldout,
+    exact_gp_loo,
+    holdout_refit_check,
+    holdout_split,
 )
 from gpext.fit.diagnostics import (
     AUTO_VALIDATION_MIN_POINTS,
@@ -34,6 +54,7 @@ from gpext.fit.diagnostics import (
 )
 from gpext.fit.exact_gp import (
     MultiOutputExactGP,
+    StandardizedGaussianLikelihood,
     build_exact_gp,
     diagnose_exact_gp,
     fit_exact_gp,
@@ -44,10 +65,24 @@ from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
 from gpext.fit.scalar_search import minimize_scalar_on_grid
 from gpext.fit.temperature import HyperparameterSelection, TemperatureSelection
-from gpext.fit.train_loop import minibatch_indices, train_loop
+from gpext.fit.standardize import Standardizer
+from gpext.fit.train_loop import minibatch_indices, still_improving, train_loop
 
 __all__ = [
     "AUTO_VALIDATION_MIN_POINTS",
+    "MIN_CHECK_POINTS",
+    "HeldoutCheck",
+    "MiscalibrationWarning",
+    "NoSignalWarning",
+    "OverconfidenceWarning",
+    "StandardizedGaussianLikelihood",
+    "Standardizer",
+    "UnderconfidenceWarning",
+    "check_heldout",
+    "exact_gp_loo",
+    "holdout_refit_check",
+    "holdout_split",
+    "still_improving",
     "EVALUATION_ERRORS",
     "ConstantPredictionWarning",
     "ConvergenceWarning",

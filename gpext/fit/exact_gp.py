@@ -28,14 +28,17 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
+from gpext.fit.checks import MIN_CHECK_POINTS, check_heldout, exact_gp_loo
 from gpext.fit.diagnostics import check_predictions_vary, check_signal_to_noise
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import minimize_lbfgs
+from gpext.fit.standardize import Standardizer
 from gpext.fit.train_loop import train_loop
 from gpext.utils import check_finite, check_positive_int
 
 __all__ = [
     "MultiOutputExactGP",
+    "StandardizedGaussianLikelihood",
     "build_exact_gp",
     "diagnose_exact_gp",
     "fit_exact_gp",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 KERNELS = ("rbf", "matern12", "matern32", "matern52")
+#: Largest single-output training set on which :func:`fit_exact_gp` checks its closed-form
+#: leave-one-out predictions (:func:`gpext.fit.checks.exact_gp_loo`, one more O(N^3) solve).
+LOO_CHECK_MAX_POINTS = 5000
 
 
 def lengthscale_prior(x: torch.Tensor, ard: bool = True) -> LogNormalPrior:
@@ -74,26 +80,101 @@ def lengthscale_prior(x: torch.Tensor, ard: bool = True) -> LogNormalPrior:
     return LogNormalPrior(loc, torch.full_like(torch.as_tensor(loc), math.sqrt(3.0)))
 
 
-class MultiOutputExactGP(gpytorch.models.ExactGP):
-    """``C`` exact GPs with one shared kernel and one constant mean per output.
+class StandardizedGaussianLikelihood(gpytorch.likelihoods.GaussianLikelihood):
+    r"""A Gaussian likelihood whose noise is learned on standardised targets.
+
+    It is GPyTorch's :class:`~gpytorch.likelihoods.GaussianLikelihood` on the standardised
+    targets :math:`t = (y - \mu_y) / s_y` (``noise`` is in those units), except for the
+    predictions :class:`MultiOutputExactGP` returns in the original units (evaluation mode):
+    their marginal adds :math:`s_y^2 \sigma^2`, so ``likelihood(model(x))`` is the
+    predictive distribution of :math:`y`.
 
     Args:
-        x: Training inputs.  # shape: (N, D)
-        y: Training targets.  # shape: (C, N) (a batch of outputs) or (N,)
-        likelihood: A Gaussian likelihood (batch shape ``()`` or ``(C,)``).
-        covar_module: The shared kernel.
+        target_scale: :math:`s_y` per output (shape ``()`` or ``(C,)``).
+        **kwargs: Passed on to :class:`~gpytorch.likelihoods.GaussianLikelihood`.
     """
 
-    def __init__(self, x, y, likelihood, covar_module):
+    def __init__(self, target_scale: torch.Tensor, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("target_scale", torch.as_tensor(target_scale).clone())
+
+    def marginal(self, function_dist, *args, **kwargs):
+        """The marginal of the targets; in the original units for an original-units input."""
+        if not getattr(function_dist, "_gpext_original_units", False):
+            return super().marginal(function_dist, *args, **kwargs)
+        mean, covar = function_dist.mean, function_dist.lazy_covariance_matrix
+        noise = self._shaped_noise_covar(mean.shape, *args, **kwargs)
+        noise = noise * _scale_like(self.target_scale.to(mean).pow(2))
+        return function_dist.__class__(mean, covar + noise)
+
+
+def _scale_like(values: torch.Tensor, matrix: bool = True) -> torch.Tensor:
+    """Per-output factors ``(C,)`` shaped to broadcast over ``(C, N, N)`` (or ``(C, N)``)."""
+    if values.numel() == 1:
+        return values.reshape(())
+    trailing = 2 if matrix else 1
+    return values.reshape(*values.shape, *([1] * trailing))
+
+
+class MultiOutputExactGP(gpytorch.models.ExactGP):
+    r"""``C`` exact GPs with one shared kernel and one constant mean per output.
+
+    With a fitted :class:`~gpext.fit.Standardizer` (what :func:`build_exact_gp` attaches by
+    default) the GP works on standardised data: ``forward`` maps inputs to
+    :math:`z = (x - \mu_x)/s_x`, ``train_targets`` hold :math:`t = (y - \mu_y)/s_y`, and in
+    evaluation mode ``model(x)`` returns the posterior of :math:`y` in the original units,
+    :math:`\mathcal N(\mu_y + s_y m,\ s_y^2 K)`.  The kernel hyperparameters and the
+    likelihood's noise are then in standardised units.  In training mode ``model(x)`` is the
+    prior of the standardised targets (what the marginal likelihood needs).
+
+    Args:
+        x: Training inputs (original units).  # shape: (N, D)
+        y: Training targets as the GP sees them (standardised when ``standardizer`` is
+            given).  # shape: (C, N) (a batch of outputs) or (N,)
+        likelihood: A Gaussian likelihood (batch shape ``()`` or ``(C,)``).
+        covar_module: The shared kernel.
+        standardizer: The fitted data transform (``None``: the data are used as given).
+    """
+
+    def __init__(self, x, y, likelihood, covar_module, standardizer=None):
         batch = y.shape[:-1]
         xs = x.expand(*batch, *x.shape) if len(batch) else x
         super().__init__(xs, y, likelihood)
         self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch)
         self.covar_module = covar_module
+        self.standardizer = standardizer
 
     def forward(self, x):
-        """The prior at ``x``."""
+        """The prior at ``x`` (inputs standardised first when the model has a standardiser)."""
+        if self.standardizer is not None:
+            x = self.standardizer.transform_inputs(x)
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def __call__(self, *args, **kwargs):
+        out = super().__call__(*args, **kwargs)
+        if self.training or self.standardizer is None or not self.standardizer.targets:
+            return out
+        return self._untransform(out)
+
+    def _untransform(self, mvn):
+        s = self.standardizer
+        loc = _scale_like(s.y_loc.to(mvn.mean), matrix=False)
+        scale = s.y_scale.to(mvn.mean)
+        mean = mvn.mean * _scale_like(scale, matrix=False) + loc
+        covar = mvn.lazy_covariance_matrix * _scale_like(scale.pow(2))
+        out = gpytorch.distributions.MultivariateNormal(mean, covar)
+        out._gpext_original_units = True
+        return out
+
+    @property
+    def original_train_targets(self) -> torch.Tensor:
+        """The training targets in the original units (``train_targets`` untransformed)."""
+        t = self.train_targets
+        if self.standardizer is None or not self.standardizer.targets:
+            return t
+        s = self.standardizer
+        scale = _scale_like(s.y_scale.to(t), matrix=False)
+        return t * scale + _scale_like(s.y_loc.to(t), matrix=False)
 
 
 def build_exact_gp(
@@ -105,6 +186,7 @@ def build_exact_gp(
     ard: bool = True,
     priors: bool = True,
     shared_noise: bool = True,
+    standardize: bool = True,
 ) -> MultiOutputExactGP:
     r"""An exact GP for ``C`` outputs with a shared scaled kernel, default priors and inits.
 
@@ -126,6 +208,11 @@ def build_exact_gp(
         ard: One lengthscale per input.
         priors: Attach the default priors.
         shared_noise: One learned noise for all outputs (``False``: one per output).
+        standardize: The data contract of :mod:`gpext.fit.standardize`: the model works on
+            standardised inputs and targets (a :class:`~gpext.fit.Standardizer` fitted here,
+            kept as ``model.standardizer`` in its state dict) and predicts in the original
+            units; its hyperparameters and noise are in standardised units.  ``False``: the
+            data are used as given (the fit then depends on their units).
 
     Returns:
         The model (its likelihood is ``model.likelihood``), on ``x``'s device and dtype.
@@ -144,7 +231,13 @@ def build_exact_gp(
     n, d = x.shape
     y2 = y.unsqueeze(-1) if y.dim() == 1 else y
     c = y2.shape[1]
-    targets = y2.T.contiguous() if y.dim() == 2 else y
+    standardizer = None
+    x_prior = x
+    if standardize:
+        standardizer = Standardizer(name="build_exact_gp").fit(x, y2)
+        x_prior = standardizer.transform_inputs(x)
+        y2 = standardizer.transform_targets(y2)
+    targets = y2.T.contiguous() if y.dim() == 2 else y2.reshape(-1)
     batch = torch.Size([c]) if y.dim() == 2 else torch.Size([])
     v = float(y2.var(0).mean()) if n > 1 else 1.0
     v = v if v > 0 and math.isfinite(v) else 1.0
@@ -154,7 +247,7 @@ def build_exact_gp(
         if kernel not in KERNELS:
             raise InputDataError(expected_got("build_exact_gp.kernel", f"one of {KERNELS}",
                                               repr(kernel)))  # fmt: skip
-        lp = lengthscale_prior(x, ard) if priors else None
+        lp = lengthscale_prior(x_prior, ard) if priors else None
         dims = d if ard else None
         if kernel == "rbf":
             base = gpytorch.kernels.RBFKernel(ard_num_dims=dims, lengthscale_prior=lp)
@@ -173,24 +266,33 @@ def build_exact_gp(
         np_prior = (
             LogNormalPrior(torch.tensor(math.log(v) - 4.0), torch.tensor(1.0)) if priors else None
         )
-        likelihood = gpytorch.likelihoods.GaussianLikelihood(
+        kwargs = dict(
             batch_shape=torch.Size([]) if shared_noise else batch,
             noise_prior=np_prior,
             noise_constraint=gpytorch.constraints.GreaterThan(1e-6 * v),
         )
+        if standardizer is not None:
+            likelihood = StandardizedGaussianLikelihood(standardizer.y_scale.to(x), **kwargs)
+        else:
+            likelihood = gpytorch.likelihoods.GaussianLikelihood(**kwargs)
         with torch.no_grad():
             likelihood.noise = 0.01 * v
     else:
         noise2 = noise.unsqueeze(-1) if noise.dim() == 1 else noise
-        if noise2.shape != y2.shape:
+        if noise2.shape != (n, c):
             raise ShapeError(expected_got("build_exact_gp.noise", f"shape {tuple(y.shape)}",
                                           tuple(noise.shape)))  # fmt: skip
         check_finite(noise2, "build_exact_gp.noise")
+        if bool((noise2 < 0).any()):
+            raise InputDataError(expected_got("build_exact_gp.noise", "variances >= 0",
+                                              f"minimum {float(noise2.min()):.3g}"))  # fmt: skip
+        if standardizer is not None:
+            noise2 = noise2 / standardizer.y_scale.to(noise2).pow(2)
         fixed = noise2.T.contiguous() if y.dim() == 2 else noise2.reshape(-1)
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(
             noise=fixed, learn_additional_noise=False
         )
-    model = MultiOutputExactGP(x, targets, likelihood, covar).to(x)
+    model = MultiOutputExactGP(x, targets, likelihood, covar, standardizer).to(x)
     with torch.no_grad():
         model.mean_module.constant.copy_(targets.mean(-1))
     return model
@@ -397,6 +499,21 @@ def fit_exact_gp(
     model.eval()
     if check:
         diagnose_exact_gp(model, result, name=name, stacklevel=3)
+        y = model.train_targets
+        if y.dim() == 1 and MIN_CHECK_POINTS <= y.shape[0] <= LOO_CHECK_MAX_POINTS:
+            try:
+                loo_mean, loo_var = exact_gp_loo(model)
+            except (RuntimeError, torch.linalg.LinAlgError):  # reported by the checks above
+                loo_mean = None
+            if loo_mean is not None:
+                y_orig = model.original_train_targets if hasattr(
+                    model, "original_train_targets") else y  # fmt: skip
+                n = y_orig.shape[0]
+                # each row's baseline: the mean of the other targets
+                base_loo = (y_orig.double().sum() - y_orig.double()) / (n - 1)
+                check_heldout(loo_mean, loo_var, y_orig, train_mean=base_loo, name=name,
+                              result=result, what="leave-one-out predictions",
+                              stacklevel=2)  # fmt: skip
     result.seconds = time.perf_counter() - start
     return result
 
@@ -416,6 +533,6 @@ def diagnose_exact_gp(model, result: FitResult, *, name: str, stacklevel: int = 
             mean = model(x).mean
         except Exception:  # noqa: BLE001 - a failing posterior is reported, not raised, here
             return
-    y = model.train_targets
+    y = getattr(model, "original_train_targets", model.train_targets)
     check_predictions_vary(mean.reshape(-1, y.shape[-1]).T, y.reshape(-1, y.shape[-1]).T,
                            name=name, result=result, stacklevel=stacklevel + 1)  # fmt: skip

@@ -18,11 +18,17 @@ from typing import Any
 
 import torch
 
-from gpext.errors import FitError, InputDataError, OptimizerStallWarning, expected_got
+from gpext.errors import (
+    ConvergenceWarning,
+    FitError,
+    InputDataError,
+    OptimizerStallWarning,
+    expected_got,
+)
 from gpext.fit.fit_result import FitResult, StopReason
 from gpext.utils import check_positive_int, progress_bar
 
-__all__ = ["minibatch_indices", "train_loop"]
+__all__ = ["minibatch_indices", "still_improving", "train_loop"]
 
 
 def minibatch_indices(
@@ -95,6 +101,8 @@ def train_loop(
     snapshot_every: int = 1,
     show_progress: bool | None = None,
     desc: str = "fit",
+    min_steps: int | None = None,
+    warn_unconverged: bool = True,
 ) -> FitResult:
     r"""Minimise a loss with a first-order optimiser, epoch by epoch.
 
@@ -103,6 +111,15 @@ def train_loop(
     ``backward`` and one optimiser step.  The recorded training loss of an epoch is the mean
     of its minibatch losses.  A ``loss_fn`` that fills the gradients itself (e.g. adds a prior
     gradient in place) returns a loss that does not require grad, and ``backward`` is skipped.
+
+    The budget is counted in optimiser steps, not passes over the data: with ``min_steps`` the
+    loop runs at least :math:`\lceil \text{min\_steps} / B \rceil` epochs of :math:`B`
+    minibatches (``epochs`` is raised to that), so a 150-row table gets as many steps as a
+    15,000-row one; neither early-stopping rule below stops it before ``min_steps`` steps.
+    A run that ends on its budget while the loss is still clearly falling (the mean of the last
+    tenth of the epochs, at least 5, lower than the tenth before by more than three standard
+    errors and by more than ``1e-3 max(1, |loss|)``) warns with
+    :class:`~gpext.errors.ConvergenceWarning` (``warn_unconverged``).
 
     Stopping rules, whichever comes first: ``epochs``; validation early stopping (the
     validation loss, checked every ``eval_every`` epochs, did not improve for ``patience``
@@ -137,6 +154,8 @@ def train_loop(
         snapshot_every: Epochs between snapshots of the last finite state.
         show_progress: Progress bar (``None``: only on a terminal).
         desc: Progress-bar label and prefix of messages.
+        min_steps: Smallest number of optimiser steps (``None``: ``epochs`` alone decides).
+        warn_unconverged: Warn when the budget ends while the loss is still falling.
 
     Returns:
         A :class:`~gpext.fit.FitResult` (``losses`` per epoch).
@@ -166,6 +185,8 @@ def train_loop(
     if rtol is not None and not rtol >= 0:
         raise InputDataError(expected_got(f"{desc}: rtol", "a number >= 0 or None", rtol))
     window = check_positive_int(window, f"{desc}: window")
+    if min_steps is not None:
+        min_steps = check_positive_int(min_steps, f"{desc}: min_steps")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
@@ -180,8 +201,10 @@ def train_loop(
         result.validation_losses.append(best_value)
         result.validation_steps.append(0)
         best_state, result.best_step = _state(modules), 0
-    epoch_batches = None
-    total_steps = None
+    first_batches = [None] if batches is None else list(batches(0))
+    if min_steps is not None:
+        epochs = max(epochs, math.ceil(min_steps / max(len(first_batches), 1)))
+    total_steps = max(1, epochs * len(first_batches))
     step = 0
     stop, message = StopReason.MAX_ITERATIONS, f"reached epochs={epochs}"
     bar = progress_bar(range(epochs), desc=desc, show=show_progress)
@@ -189,9 +212,10 @@ def train_loop(
     for epoch in bar:
         for m in modules:
             m.train()
-        epoch_batches = [None] if batches is None else list(batches(epoch))
-        if total_steps is None:
-            total_steps = max(1, epochs * len(epoch_batches))
+        if epoch == 0:
+            epoch_batches = first_batches
+        else:
+            epoch_batches = [None] if batches is None else list(batches(epoch))
         total, count, any_grad = 0.0, 0, False
         for batch in epoch_batches:
             if lr_schedule == "cosine":
@@ -246,12 +270,20 @@ def train_loop(
                 checks_without_improvement = 0
             else:
                 checks_without_improvement += 1
-                if patience is not None and checks_without_improvement >= patience:
+                if (
+                    patience is not None
+                    and checks_without_improvement >= patience
+                    and (min_steps is None or step >= min_steps)
+                ):
                     stop = StopReason.EARLY_STOPPED
                     message = f"validation loss did not improve for {patience} checks"
                     epoch += 1
                     break
-        if rtol is not None and len(result.losses) >= 2 * window:
+        if (
+            rtol is not None
+            and len(result.losses) >= 2 * window
+            and (min_steps is None or step >= min_steps)
+        ):
             recent = sum(result.losses[-window:]) / window
             before = sum(result.losses[-2 * window : -window]) / window
             if abs(before - recent) <= rtol * max(1.0, abs(recent)):
@@ -274,11 +306,44 @@ def train_loop(
             message += f"; restored the validation-best state of epoch {result.best_step}"
     for m, mode in zip(modules, was_training):
         m.train(mode)
+    if warn_unconverged and stop == StopReason.MAX_ITERATIONS and best_state is None:
+        falling = still_improving(result.losses)
+        if falling is not None:
+            result.add_problem(ConvergenceWarning.__name__)
+            warnings.warn(
+                f"{desc}: the budget of {step} optimiser steps ({epoch} epochs) ended while the "
+                f"training loss was still falling ({falling}); the fit is probably "
+                "undertrained. Raise the step budget (min_steps / epochs) or the learning rate.",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
     result.stop_reason, result.message = stop, message
     result.num_iterations = epoch
     result.num_evaluations = step
     result.seconds = time.perf_counter() - start
     return result
+
+
+def still_improving(losses: Sequence[float], *, rel_tol: float = 1e-3) -> str | None:
+    """Whether a loss trace is still clearly falling at its end; a description if so.
+
+    Compares the mean of the last tenth of the trace (at least 5 entries) with the tenth
+    before: falling if the drop exceeds three standard errors of the last tenth and
+    ``rel_tol * max(1, |mean|)``.  ``None`` when not falling (or the trace is too short).
+    """
+    n = len(losses)
+    w = max(5, n // 10)
+    if n < 2 * w:
+        return None
+    last = torch.tensor(losses[-w:], dtype=torch.float64)
+    before = torch.tensor(losses[-2 * w : -w], dtype=torch.float64)
+    if not (bool(torch.isfinite(last).all()) and bool(torch.isfinite(before).all())):
+        return None
+    drop = float(before.mean() - last.mean())
+    se = float(last.std() / math.sqrt(w))
+    if drop > 3 * se and drop > rel_tol * max(1.0, abs(float(last.mean()))):
+        return f"mean over the last {w} epochs {float(last.mean()):.4g}, before {float(before.mean()):.4g}"
+    return None
 
 
 def _checked_validation(validation, modules, desc) -> float:

@@ -111,7 +111,9 @@ def fit_exact_prior(
     if num_restarts is None:
         num_restarts = 4 if m <= 500 else 2
     ard = d <= 50 if ard is None else ard
-    model = build_exact_gp(x, y, kernel="rbf", ard=ard, priors=True, shared_noise=False)
+    model = build_exact_gp(
+        x, y, kernel="rbf", ard=ard, priors=True, shared_noise=False, standardize=False
+    )
     for _, _, prior, _, _ in model.named_priors():
         # a line-search trial point whose variance rounds to 0 lies outside the support of the
         # log-normal priors: without argument validation its log density is not finite and
