@@ -140,7 +140,7 @@ def particle_mixture(
             f"{owner}.predict_mixture: the model is a classifier; use predict_proba."
         )
     if noise is None:
-        if not bool(torch.isfinite(fitted_noise)):
+        if not bool(torch.isfinite(fitted_noise).all()):
             raise InputDataError(
                 f"{owner}.predict_mixture: the training noise was given per point; pass the "
                 "test points' noise variance as noise=..."

@@ -20,7 +20,7 @@ from gpext.bootstrap.rbf_hyperparameters import (
     fit_kernel_hyperparameters,
 )
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
-from gpext.fit import FitResult, StopReason
+from gpext.fit import FitResult, Standardizer, StopReason
 from gpext.kernels.random_fourier_features_kernel import RandomFourierFeaturesKernel
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
@@ -93,6 +93,11 @@ class VBootRFF(torch.nn.Module):
             its lengthscale, prior and ARD setting are ignored (the lengthscales are the
             ``lengthscale`` argument or fitted, one per input); it must have no batch shape
             and no active dimensions.
+        standardize: The data contract of :class:`gpext.fit.Standardizer`: inputs (and
+            regression targets) are standardised on the training data inside the model,
+            predictions come back in the original units, and given hyperparameters
+            (``lengthscale``, ``outputscale``, ``mean``, ``noise``) are read in the original
+            units.  ``False``: the data are used as given.
 
     Raises:
         InputDataError: For invalid settings (odd ``num_features``, unknown task or kernel
@@ -126,8 +131,12 @@ class VBootRFF(torch.nn.Module):
         method: str = "auto",
         gram_memory: int = 2**30,
         kernel: str | RandomFourierFeaturesKernel = "rbf",
+        standardize: bool = True,
     ) -> None:
         super().__init__()
+        self.standardizer = Standardizer(
+            inputs=standardize, targets=standardize and task == "regression", name="VBootRFF"
+        )
         self.kernel_name, self._template_omega, template_features = _resolve_kernel(kernel)
         if num_features is None:
             num_features = template_features if template_features is not None else 5000
@@ -200,7 +209,10 @@ class VBootRFF(torch.nn.Module):
         )
         self.register_buffer("mean_", torch.zeros(c, dtype=dtype, device=device))
         self.register_buffer("outputscale_", torch.zeros((), dtype=dtype, device=device))
-        self.register_buffer("noise_", torch.zeros((), dtype=dtype, device=device))
+        # the regression noise in the original units: one per output when the outputs were
+        # standardised with different scales
+        self.register_buffer("noise_", torch.zeros((c,) if c > 1 else (), dtype=dtype,
+                                                   device=device))  # fmt: skip
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Load a state dict, building the (lazily created) buffers from its shapes first.
@@ -231,6 +243,13 @@ class VBootRFF(torch.nn.Module):
         if not self.is_fitted:
             raise NotFittedError(f"VBootRFF.{what}: the model is not fitted; call fit(x, y) first.")
 
+    def _y_scale(self, like: torch.Tensor) -> torch.Tensor:
+        """The targets' scales ``(C,)`` (ones without target standardisation)."""
+        st = self.standardizer
+        if st.targets and st.y_scale.numel():
+            return st.y_scale.to(like)
+        return torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
+
     # ------------------------------------------------------------------ fitting
     def _resolve_hyperparameters(self, x, targets, noise, generator):
         given = self._given
@@ -252,20 +271,27 @@ class VBootRFF(torch.nn.Module):
                 mean=(w * targets).sum(0) / w.sum(0),
                 kernel=self.kernel_name,
             )
+        st = self.standardizer
         if given["lengthscale"] is not None:
             hp.lengthscale = (
                 torch.as_tensor(given["lengthscale"], dtype=x.dtype, device=x.device)
                 .expand(x.shape[-1])
                 .clone()
             )
+            if st.inputs and st.x_scale.numel():  # original units -> standardised inputs
+                hp.lengthscale = hp.lengthscale / st.x_scale.to(x).expand(x.shape[-1])
         if given["outputscale"] is not None:
-            hp.outputscale = float(given["outputscale"])
+            hp.outputscale = float(given["outputscale"]) / float(
+                self._y_scale(targets).pow(2).mean()
+            )
         if given["mean"] is not None:
             hp.mean = (
                 torch.as_tensor(given["mean"], dtype=x.dtype, device=x.device)
                 .expand(targets.shape[-1])
                 .clone()
             )
+            if st.targets and st.y_loc.numel():
+                hp.mean = st.transform_targets(hp.mean.unsqueeze(0)).reshape(-1)
         if bool((hp.lengthscale <= 0).any()) or not hp.outputscale > 0:
             raise InputDataError(
                 expected_got(
@@ -313,7 +339,9 @@ class VBootRFF(torch.nn.Module):
                 )
             )
         n, d = x.shape
+        st = self.standardizer
         if self.task == "classification":
+            st.fit(x)
             targets, noise = dirichlet_targets(
                 y, self.num_classes, self.alpha_epsilon, n, "VBootRFF.fit", x.dtype, x.device
             )
@@ -321,10 +349,17 @@ class VBootRFF(torch.nn.Module):
             targets, noise = regression_targets(
                 y, self._given["noise"], n, "VBootRFF.fit", x.dtype, x.device
             )
+            st.fit(x, targets)
+            targets = st.transform_targets(targets)
+            if noise is not None:
+                noise = noise / self._y_scale(targets).pow(2)
+        x_original, x = x, st.transform_inputs(x)
         hp = self._resolve_hyperparameters(x, targets, noise, generator)
         given_noise = self._given["noise"]
         if given_noise is not None and torch.as_tensor(given_noise).numel() == 1:
-            hp.noise = float(torch.as_tensor(given_noise))
+            hp.noise = float(torch.as_tensor(given_noise)) / float(
+                self._y_scale(targets).pow(2).mean()
+            )
         if noise is None:
             noise = torch.full_like(targets, float(hp.noise))
         c = targets.shape[1]
@@ -341,12 +376,16 @@ class VBootRFF(torch.nn.Module):
         self.kernel.lengthscale = hp.lengthscale.reshape(1, d)
         self.mean_.copy_(hp.mean)
         self.outputscale_.fill_(hp.outputscale)
-        self.noise_.fill_(float(hp.noise) if hp.noise is not None else float("nan"))
+        if hp.noise is not None:
+            self.noise_.copy_((float(hp.noise) * self._y_scale(targets).pow(2)).reshape(
+                self.noise_.shape))  # fmt: skip
+        else:
+            self.noise_.fill_(float("nan"))
+        del x_original
         with torch.no_grad():
-            phi = self.features(x)
             self.weights.copy_(
                 solve_perturbed_map(
-                    phi,
+                    self.kernel.featurize(x),
                     targets - hp.mean,
                     noise,
                     hp.outputscale,
@@ -376,7 +415,8 @@ class VBootRFF(torch.nn.Module):
         Returns:
             The features.  # shape: (M, D)
         """
-        return self.kernel.featurize(self._check_test_inputs(x, "features"))
+        x = self._check_test_inputs(x, "features")
+        return self.kernel.featurize(self.standardizer.transform_inputs(x))
 
     def _check_test_inputs(self, x, what):
         self._check_fitted(what)
@@ -390,6 +430,10 @@ class VBootRFF(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Latent functions of every particle, ``m_c + phi(x)^T w_c^{(k)}``.
 
+        With target standardisation (the default) the values are returned in the original
+        units, :math:`\mu_y + s_y (m_c + \phi(z)^\top w_c^{(k)})` with :math:`z` the
+        standardised inputs.
+
         Args:
             x: Test inputs.  # shape: (M, d)
 
@@ -400,7 +444,8 @@ class VBootRFF(torch.nn.Module):
         out = []
         for xb in x.split(4096):
             out.append(torch.einsum("md,kcd->kmc", self.features(xb), self.weights))
-        return torch.cat(out, dim=1) + self.mean_
+        f = torch.cat(out, dim=1) + self.mean_
+        return self.standardizer.untransform_targets(f) if self.task == "regression" else f
 
     @torch.no_grad()
     def predict_mixture(

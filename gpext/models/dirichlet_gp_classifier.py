@@ -13,6 +13,7 @@ from gpytorch.priors import LogNormalPrior
 from gpext.errors import NotFittedError, ShapeError, expected_got
 from gpext.fit import (
     FitResult,
+    Standardizer,
     check_predictions_vary,
     check_signal_to_noise,
     lengthscale_prior,
@@ -84,6 +85,10 @@ class DirichletGPClassifier(gpytorch.Module):
         jitter: Diagonal jitter of :math:`K_{ZZ}` (sparse).
         priors: With the default kernel, fit the MAP under dimension-scaled default priors
             (see :func:`gpext.fit.lengthscale_prior`) instead of the maximum likelihood.
+        standardize: Standardise the inputs inside the model (fitted on the training inputs,
+            kept in the state dict; :class:`gpext.fit.Standardizer`), so the fit does not
+            depend on their units; ``False``: use them as given (a given ``kernel`` then sees
+            the inputs in their own units).
 
     Example:
         >>> import torch
@@ -110,8 +115,14 @@ class DirichletGPClassifier(gpytorch.Module):
         kernel: gpytorch.kernels.Kernel | None = None,
         jitter: float = 1e-6,
         priors: bool = True,
+        standardize: bool = True,
     ) -> None:
         super().__init__()
+        #: The data contract (:class:`gpext.fit.Standardizer`, inputs only): the GP works on
+        #: standardised inputs, fitted on the training inputs and kept in the state dict.
+        self.standardizer = Standardizer(
+            inputs=standardize, targets=False, name="DirichletGPClassifier"
+        )
         self.transform = DirichletTransform(num_classes, alpha_epsilon)
         self.num_classes = self.transform.num_classes
         self.num_inducing = (
@@ -167,7 +178,8 @@ class DirichletGPClassifier(gpytorch.Module):
         """Inputs after fit: the fitted model's dtype, device and number of features."""
         train_x = self._train["x"]
         x = as_model_input(x, train_x, f"DirichletGPClassifier.{name}")
-        return check_rows(x, f"DirichletGPClassifier.{name}", num_features=train_x.shape[-1])
+        x = check_rows(x, f"DirichletGPClassifier.{name}", num_features=train_x.shape[-1])
+        return self.standardizer.transform_inputs(x)
 
     # ---------------------------------------------------------------- save / restore
     def get_extra_state(self) -> dict:
@@ -288,6 +300,7 @@ class DirichletGPClassifier(gpytorch.Module):
                 are not whole numbers.
         """
         x = self._check_x(x, "x")
+        x = self.standardizer.fit(x).transform_inputs(x)
         labels = check_labels(y, self.num_classes, "DirichletGPClassifier.y").to(x.device)
         if labels.shape != x.shape[:1]:
             raise ShapeError(
@@ -341,8 +354,8 @@ class DirichletGPClassifier(gpytorch.Module):
                 name="DirichletGPClassifier", result=result, stacklevel=4,
             )  # fmt: skip
         t = self._train
-        sub = t["x"][: min(t["x"].shape[0], 2000)]
-        mean, _ = self.predict_latent(sub)
+        sub = t["x"][: min(t["x"].shape[0], 2000)]  # standardised inputs
+        mean, _ = self.predict_latent(self.standardizer.untransform_inputs(sub))
         check_predictions_vary(
             mean, self.transform(t["labels"][: sub.shape[0]], dtype=mean.dtype).targets,
             name="DirichletGPClassifier", result=result, stacklevel=4,

@@ -31,7 +31,8 @@ class TestVBootRFFRegression:
 
     def test_features_match_gpytorch_rff_kernel(self, dtype):
         x, y = _regression_data(dtype)
-        model = VBootRFF(4000, 2, lengthscale=0.7, outputscale=1.0, noise=0.01, mean=0.0)
+        model = VBootRFF(4000, 2, lengthscale=0.7, outputscale=1.0, noise=0.01, mean=0.0,
+                        standardize=False)  # the feature map on the inputs as given
         model.fit(x, y, generator=torch.Generator().manual_seed(self.seed))
         phi = model.features(x[:10])
         assert phi.shape == (10, 4000) and phi.dtype == dtype
@@ -190,6 +191,9 @@ def test_matern_hyperparameters_come_from_exact_matern_fit():
     hp = model.hyperparameters
     assert hp.kernel == "matern52" and hp.fit_result is model.fit_result_
     common = dict(num_points=60, num_iters=8, generator=torch.Generator().manual_seed(1))
+    # the model fits its hyperparameters on the standardised data (its data contract)
+    st = model.standardizer
+    x, y = st.transform_inputs(x), st.transform_targets(y[:, None])[:, 0]
     direct = fit_kernel_hyperparameters(x, y[:, None], kernel="matern52", **common)
     torch.testing.assert_close(hp.lengthscale, direct.lengthscale)
     assert hp.noise == pytest.approx(direct.noise)
@@ -354,7 +358,8 @@ def test_fixed_noise_fit_is_maximum_marginal_likelihood_from_one_start():
     assert len(hp.fit_result.restarts) == 1
     explicit = fit_kernel_hyperparameters(x, t, noise, priors=False, num_restarts=1)
     assert torch.allclose(hp.lengthscale, explicit.lengthscale)
-    model = build_exact_gp(x, t, noise=noise, priors=False)
+    # the data as fit_kernel_hyperparameters saw them (it fits on the data as given)
+    model = build_exact_gp(x, t, noise=noise, priors=False, standardize=False)
     with torch.no_grad():
         model.covar_module.base_kernel.lengthscale = hp.lengthscale
         model.covar_module.outputscale = hp.outputscale

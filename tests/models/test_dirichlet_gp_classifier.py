@@ -136,6 +136,8 @@ def test_extend_inverse_matches_direct_inverse():
 def _dense_posterior(clf, x, y, x_test, alpha_epsilon):
     """Exact posterior of every class by dense solves, with the classifier's hyperparameters."""
     targets, noise = DirichletTransform(clf.num_classes, alpha_epsilon)(y, dtype=x.dtype)
+    # the kernel acts on the inputs standardised with the classifier's training statistics
+    x, x_test = clf.standardizer.transform_inputs(x), clf.standardizer.transform_inputs(x_test)
     with torch.no_grad():
         k = clf.kernel(x).to_dense()
         ks = clf.kernel(x, x_test).to_dense()
@@ -201,12 +203,15 @@ def test_fantasy_model_float32_and_sparse():
     sp.fit(x64, y64, max_iter=5)
     fant = sp.get_fantasy_model(xn64, yn64)
     assert torch.equal(fant.inducing_points, sp.inducing_points)
-    union = sp._sorted_data(torch.cat([x64, xn64]), torch.cat([y64, yn64]))
+    # the classifier keeps its data (and inducing points) in standardised inputs
+    st = sp.standardizer
+    union = sp._sorted_data(st.transform_inputs(torch.cat([x64, xn64])), torch.cat([y64, yn64]))
+    xt64_std = st.transform_inputs(xt64)
     with torch.no_grad():
         z = sp.inducing_points
         ref_mean, _ = solvers.sparse_predict(
             sp.kernel(z).to_dense(), sp.kernel(z, union["x"]).to_dense(),
-            sp.kernel(z, xt64).to_dense(), sp.kernel(xt64, diag=True), union["offsets"],
+            sp.kernel(z, xt64_std).to_dense(), sp.kernel(xt64_std, diag=True), union["offsets"],
             sp._noise_values(torch.float64), sp.jitter,
         )  # fmt: skip
     assert torch.allclose(fant.predict_latent(xt64)[0], ref_mean + sp.class_means, atol=1e-8)
