@@ -148,7 +148,7 @@ class ConvergenceWarning(FitWarning):
 
 
 class NoSignalWarning(FitWarning):
-    """On rows the fit did not train on, the model predicts no better than the training mean.
+    r"""On rows the fit did not train on, the model predicts no better than the training mean.
 
     Held-out (or cross-validated) :math:`R^2 \le 0`: either the targets carry no signal about
     the inputs, or the fit failed to find it; either way its predictive mean is worthless.

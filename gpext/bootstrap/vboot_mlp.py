@@ -21,6 +21,7 @@ from gpext.bootstrap.rbf_hyperparameters import fit_rbf_hyperparameters
 from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.fit import (
     FitResult,
+    Standardizer,
     check_explained_variance,
     check_predictions_vary,
     train_loop,
@@ -96,6 +97,10 @@ class VBootMLP(torch.nn.Module):
             :class:`gpext.likelihoods.dirichlet_transform.DirichletTransform`.
         seed: Seed of all random draws (see above).
         dtype: Parameter dtype; default the dtype of the training inputs.
+        standardize: The data contract of :class:`gpext.fit.Standardizer`: inputs (and
+            regression targets) standardised on the training data inside the model,
+            predictions in the original units, a given ``noise`` read in the original units.
+            ``False``: the data are used as given.
 
     Example:
         >>> x = torch.randn(64, 3)
@@ -118,8 +123,12 @@ class VBootMLP(torch.nn.Module):
         alpha_epsilon: float = 0.01,
         seed: int = 0,
         dtype: torch.dtype | None = None,
+        standardize: bool = True,
     ) -> None:
         super().__init__()
+        self.standardizer = Standardizer(
+            inputs=standardize, targets=standardize and task == "regression", name="VBootMLP"
+        )
         self.num_particles = check_positive_int(num_particles, "VBootMLP.num_particles")
         self.hidden_sizes = tuple(
             check_positive_int(h, "VBootMLP.hidden_sizes") for h in hidden_sizes
@@ -149,7 +158,9 @@ class VBootMLP(torch.nn.Module):
             "particle_indices", torch.as_tensor(list(indices), dtype=torch.long, device=device)
         )
         self.register_buffer("offset", torch.zeros(c, dtype=dtype, device=device))
-        self.register_buffer("noise_", torch.full((), float("nan"), dtype=dtype, device=device))
+        # the regression noise in the original units (one per output for several outputs)
+        shape = (c,) if c > 1 else ()
+        self.register_buffer("noise_", torch.full(shape, float("nan"), dtype=dtype, device=device))
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Load a state dict, building the (lazily created) network from its shapes first."""
@@ -190,21 +201,30 @@ class VBootMLP(torch.nn.Module):
     def _targets(self, x, y):
         n = x.shape[0]
         if self.task == "classification":
+            self.standardizer.fit(x)
             targets, noise = dirichlet_targets(
                 y, self.num_classes, self.alpha_epsilon, n, "VBootMLP.fit", x.dtype, x.device
             )
             return targets, noise, None
         targets, noise = regression_targets(y, self.noise, n, "VBootMLP.fit", x.dtype, x.device)
+        st = self.standardizer
+        st.fit(x, targets)
+        targets = st.transform_targets(targets)
+        s2 = (st.y_scale.to(targets) if st.targets else torch.ones(1).to(targets)).pow(2)
         scalar = None
         if noise is None:
             hp = fit_rbf_hyperparameters(
-                x, targets, None, num_points=500, generator=torch.Generator().manual_seed(self.seed)
-            )
+                st.transform_inputs(x), targets, None, num_points=500,
+                generator=torch.Generator().manual_seed(self.seed),
+            )  # fmt: skip
             scalar = float(hp.noise)
             noise = torch.full_like(targets, scalar)
-        elif torch.as_tensor(self.noise).numel() == 1:
-            scalar = float(torch.as_tensor(self.noise))
-        return targets, noise, scalar
+        else:
+            noise = noise / s2
+            if torch.as_tensor(self.noise).numel() == 1:
+                scalar = float(torch.as_tensor(self.noise)) / float(s2.mean())
+        # the scalar noise in the original units, per output
+        return targets, noise, None if scalar is None else scalar * s2
 
     def fit(
         self,
@@ -286,7 +306,8 @@ class VBootMLP(torch.nn.Module):
         self._build(indices, d, c, x.dtype, x.device)
         self.offset.copy_(offset)
         if scalar_noise is not None:
-            self.noise_.fill_(scalar_noise)
+            self.noise_.copy_(scalar_noise.reshape(self.noise_.shape))
+        x_original, x = x, self.standardizer.transform_inputs(x)
         anchors = [self.draw_anchors(i, d, c) for i in indices]
         anchors = [torch.stack(ts).to(x) for ts in zip(*anchors)]  # each (K, ...)
         with torch.no_grad():
@@ -309,7 +330,9 @@ class VBootMLP(torch.nn.Module):
         # and, for regression, explain some of the targets' variance
         with torch.no_grad():
             sub = slice(0, min(n, 2048))
-            mean = self(x[sub]).mean(0)  # shape: (M, C)
+            mean = self(x_original[sub]).mean(0)  # shape: (M, C)
+            if self.task == "regression":
+                mean = self.standardizer.transform_targets(mean)
         check_predictions_vary(mean, targets[sub], name="VBootMLP", result=result, stacklevel=3)
         if self.task == "regression":
             check_explained_variance(mean, targets[sub], name="VBootMLP", result=result,
@@ -453,6 +476,7 @@ class VBootMLP(torch.nn.Module):
         )
         out.offset.copy_(ref.offset)
         out.noise_.copy_(ref.noise_)
+        out.standardizer.load_state_dict(ref.standardizer.state_dict())
         with torch.no_grad():
             for j, params in enumerate(zip(*(m.net.stacked_parameters() for m in models))):
                 out.net.stacked_parameters()[j].copy_(
@@ -463,7 +487,7 @@ class VBootMLP(torch.nn.Module):
 
     # ------------------------------------------------------------------ prediction
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Latent outputs of every particle (target offset added back).
+        """Latent outputs of every particle (target offset added back; in the original units).
 
         Args:
             x: Inputs.  # shape: (M, d)
@@ -478,7 +502,9 @@ class VBootMLP(torch.nn.Module):
             raise ShapeError(
                 expected_got("VBootMLP.forward x", f"{self.net.in_features} columns", x.shape[-1])
             )
-        return torch.cat([self.net._forward(xb) for xb in x.split(2048)], dim=1) + self.offset
+        x = self.standardizer.transform_inputs(x)
+        f = torch.cat([self.net._forward(xb) for xb in x.split(2048)], dim=1) + self.offset
+        return self.standardizer.untransform_targets(f) if self.task == "regression" else f
 
     @torch.no_grad()
     def predict_mixture(

@@ -428,7 +428,7 @@ class VBootRFF(torch.nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Latent functions of every particle, ``m_c + phi(x)^T w_c^{(k)}``.
+        r"""Latent functions of every particle, ``m_c + phi(x)^T w_c^{(k)}``.
 
         With target standardisation (the default) the values are returned in the original
         units, :math:`\mu_y + s_y (m_c + \phi(z)^\top w_c^{(k)})` with :math:`z` the

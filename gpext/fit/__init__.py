@@ -1,4 +1,4 @@
-"""One fitting engine for every gpext model.
+r"""One fitting engine for every gpext model.
 
 * :func:`train_loop`: the first-order loop (minibatches or full batch, learning-rate schedule,
   validation early stopping that restores the best state, a stopping rule, callbacks, progress
@@ -64,8 +64,8 @@ from gpext.fit.exact_gp import (
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
 from gpext.fit.scalar_search import minimize_scalar_on_grid
-from gpext.fit.temperature import HyperparameterSelection, TemperatureSelection
 from gpext.fit.standardize import Standardizer
+from gpext.fit.temperature import HyperparameterSelection, TemperatureSelection
 from gpext.fit.train_loop import minibatch_indices, still_improving, train_loop
 
 __all__ = [

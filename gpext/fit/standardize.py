@@ -20,7 +20,6 @@ Models take ``standardize=True`` (the default) and document the opt-out ``standa
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch

@@ -118,7 +118,7 @@ def train_loop(
     15,000-row one; neither early-stopping rule below stops it before ``min_steps`` steps.
     A run that ends on its budget while the loss is still clearly falling (the mean of the last
     tenth of the epochs, at least 5, lower than the tenth before by more than three standard
-    errors and by more than ``1e-3 max(1, |loss|)``) warns with
+    errors and by more than ``1e-3 max(1, |loss|)``; see :func:`still_improving`) warns with
     :class:`~gpext.errors.ConvergenceWarning` (``warn_unconverged``).
 
     Stopping rules, whichever comes first: ``epochs``; validation early stopping (the
@@ -329,9 +329,15 @@ def still_improving(losses: Sequence[float], *, rel_tol: float = 1e-3) -> str | 
 
     Compares the mean of the last tenth of the trace (at least 5 entries) with the tenth
     before: falling if the drop exceeds three standard errors of the last tenth and
-    ``rel_tol * max(1, |mean|)``.  ``None`` when not falling (or the trace is too short).
+    ``rel_tol * max(1, |mean|)``.  Traces of 2 to 9 entries: falling if the last entry is
+    below the one before by more than ``0.01 max(1, |last|)``.  ``None`` when not falling.
     """
     n = len(losses)
+    if 2 <= n < 10:  # too short for windows: a last epoch that still lowered the loss by 1%
+        a, b = float(losses[-2]), float(losses[-1])
+        if math.isfinite(a) and math.isfinite(b) and a - b > 0.01 * max(1.0, abs(b)):
+            return f"last epoch {b:.4g}, the one before {a:.4g}"
+        return None
     w = max(5, n // 10)
     if n < 2 * w:
         return None

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from gpext.bootstrap import VBootMLP
-from gpext.errors import InputDataError, NotFittedError, ShapeError, VarianceCollapseWarning
+from gpext.errors import (
+    ConvergenceWarning,
+    InputDataError,
+    NotFittedError,
+    ShapeError,
+)
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 
 
@@ -40,7 +45,9 @@ class TestVBootMLP:
     def test_one_step_is_adam_on_the_anchored_perturbed_objective(self, dtype):
         """One full-batch step equals Adam's first step on 001 Eq. (7) built by hand."""
         x, y = _data(dtype, n=32)
-        model = VBootMLP(3, (8,), task="classification", num_classes=2, prior_std=0.7, seed=2)
+        model = VBootMLP(
+            3, (8,), task="classification", num_classes=2, prior_std=0.7, seed=2, standardize=False
+        )  # Eq. (7) by hand on the inputs as given
         model.fit(x, y, num_epochs=1, batch_size=32, lr=1e-3)
         targets, noise = DirichletTransform(2)(y, dtype=dtype)
         offset = (targets / noise).sum(0) / (1 / noise).sum(0)
@@ -195,6 +202,8 @@ class TestVBootMLPSmallData:
         xl = torch.rand(n, 2, generator=gen, dtype=torch.float64)
         big = VBootMLP(1, (4,), noise=1e-2, seed=0, dtype=torch.float64)
         assert len(big.fit(xl, xl.sum(-1)).losses) == DEFAULT_EPOCHS
-        # an explicit number of epochs is kept (3 steps: too few, and it says so)
-        with pytest.warns(VarianceCollapseWarning):
+        # an explicit number of epochs is kept (3 steps: too few, and it says so: with the
+        # data standardised inside the fit explains R^2 = 0.48 after 3 steps, while the loss
+        # still falls by a factor of 1.7 in the last one)
+        with pytest.warns(ConvergenceWarning, match="still falling"):
             assert len(model.fit(x, y, num_epochs=3).losses) == 3

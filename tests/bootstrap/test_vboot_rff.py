@@ -31,8 +31,9 @@ class TestVBootRFFRegression:
 
     def test_features_match_gpytorch_rff_kernel(self, dtype):
         x, y = _regression_data(dtype)
-        model = VBootRFF(4000, 2, lengthscale=0.7, outputscale=1.0, noise=0.01, mean=0.0,
-                        standardize=False)  # the feature map on the inputs as given
+        model = VBootRFF(
+            4000, 2, lengthscale=0.7, outputscale=1.0, noise=0.01, mean=0.0, standardize=False
+        )  # the feature map on the inputs as given
         model.fit(x, y, generator=torch.Generator().manual_seed(self.seed))
         phi = model.features(x[:10])
         assert phi.shape == (10, 4000) and phi.dtype == dtype
