@@ -38,6 +38,7 @@ from gpext.utils import check_finite, check_positive_int
 
 __all__ = [
     "MultiOutputExactGP",
+    "OriginalUnitsMultivariateNormal",
     "StandardizedGaussianLikelihood",
     "build_exact_gp",
     "diagnose_exact_gp",
@@ -100,12 +101,41 @@ class StandardizedGaussianLikelihood(gpytorch.likelihoods.GaussianLikelihood):
 
     def marginal(self, function_dist, *args, **kwargs):
         """The marginal of the targets; in the original units for an original-units input."""
-        if not getattr(function_dist, "_gpext_original_units", False):
+        base = getattr(function_dist, "_gpext_base", None)
+        if base is None:
             return super().marginal(function_dist, *args, **kwargs)
-        mean, covar = function_dist.mean, function_dist.lazy_covariance_matrix
-        noise = self._shaped_noise_covar(mean.shape, *args, **kwargs)
-        noise = noise * _scale_like(self.target_scale.to(mean).pow(2))
-        return function_dist.__class__(mean, covar + noise)
+        # the noise is added in the standardised units, then the whole marginal is rescaled
+        out = super().marginal(base, *args, **kwargs)
+        return OriginalUnitsMultivariateNormal.wrap(out, function_dist._loc, function_dist._scale)
+
+
+class OriginalUnitsMultivariateNormal(gpytorch.distributions.MultivariateNormal):
+    r"""A Gaussian :math:`\mathcal N(\mu + s m,\ s^2 K)` kept with its standardised version.
+
+    What :class:`MultiOutputExactGP` returns in evaluation mode: the moments in the original
+    units, computed from the standardised ones, so that GPyTorch's absolute variance floor
+    (``gpytorch.settings.min_variance``) applies to the standardised variances (targets in
+    units of :math:`10^{-6}` have variances far below it) and the likelihood can add its noise
+    in the units it was learned in.
+    """
+
+    _gpext_base = None
+
+    @classmethod
+    def wrap(cls, base, loc: torch.Tensor, scale: torch.Tensor):
+        r"""The distribution of :math:`\mu + s f` for ``f ~ base``."""
+        out = cls(
+            base.mean * _scale_like(scale, matrix=False) + _scale_like(loc, matrix=False),
+            base.lazy_covariance_matrix * _scale_like(scale.pow(2)),
+        )
+        out._gpext_base, out._loc, out._scale = base, loc, scale
+        return out
+
+    @property
+    def variance(self) -> torch.Tensor:
+        if self._gpext_base is None:
+            return super().variance
+        return self._gpext_base.variance * _scale_like(self._scale.pow(2), matrix=False)
 
 
 def _scale_like(values: torch.Tensor, matrix: bool = True) -> torch.Tensor:
@@ -158,13 +188,9 @@ class MultiOutputExactGP(gpytorch.models.ExactGP):
 
     def _untransform(self, mvn):
         s = self.standardizer
-        loc = _scale_like(s.y_loc.to(mvn.mean), matrix=False)
-        scale = s.y_scale.to(mvn.mean)
-        mean = mvn.mean * _scale_like(scale, matrix=False) + loc
-        covar = mvn.lazy_covariance_matrix * _scale_like(scale.pow(2))
-        out = gpytorch.distributions.MultivariateNormal(mean, covar)
-        out._gpext_original_units = True
-        return out
+        return OriginalUnitsMultivariateNormal.wrap(
+            mvn, s.y_loc.to(mvn.mean), s.y_scale.to(mvn.mean)
+        )
 
     @property
     def original_train_targets(self) -> torch.Tensor:

@@ -23,10 +23,13 @@ from gpext.errors import (
     expected_got,
 )
 from gpext.fit import (
+    MIN_CHECK_POINTS,
     FitResult,
+    HeldoutCheck,
     StopReason,
     TemperatureSelection,
     check_explained_variance,
+    check_heldout,
     minibatch_indices,
     minimize_lbfgs,
     minimize_scalar_on_grid,
@@ -494,7 +497,69 @@ class SubspaceModel(nn.Module):
         if method == "vi":
             self.variational = best_q
         self.check_fit(x, y, best[2])
+        if self.likelihood.is_regression:
+            train_mean = y.double().mean() if torch.is_tensor(y) else None
+            self.check_heldout(x_val, y_val, best[2], train_mean=train_mean,
+                               cross_fit_variance=calibrate_variance)  # fmt: skip
         return TemperatureSelection(best[0], best[2], scores)
+
+    @torch.no_grad()
+    def check_heldout(
+        self,
+        x_val: torch.Tensor | Iterable,
+        y_val: torch.Tensor | None,
+        thetas: torch.Tensor,
+        *,
+        train_mean: float | torch.Tensor | None = None,
+        cross_fit_variance: bool = False,
+    ) -> HeldoutCheck:
+        r"""The shared held-out check (:func:`gpext.fit.check_heldout`) of the model average.
+
+        The equal mixture over ``thetas`` is moment-matched, mean
+        :math:`\bar\mu = \frac1S\sum_s\mu_s` and variance
+        :math:`\frac1S\sum_s \kappa\sigma^2_s + \frac1S\sum_s(\mu_s - \bar\mu)^2`, and
+        scored on the held-out rows: :math:`R^2 \le 0` warns with
+        :class:`~gpext.errors.NoSignalWarning`, a coverage of the central 95% interval far
+        below 0.95 with :class:`~gpext.errors.OverconfidenceWarning`, variances several times
+        too large with :class:`~gpext.errors.UnderconfidenceWarning`.  Run at the end of
+        :meth:`select_temperature` on its held-out rows.  With ``cross_fit_variance`` the
+        variance factor :math:`\kappa` was chosen on these same rows, so it is cross-fitted
+        for the check: chosen on the even rows for the odd ones and on the odd rows for the
+        even ones (otherwise the check would grade the calibration on its own data).
+
+        Args:
+            x_val: Held-out inputs (or a loader of ``(x_b, y_b)`` batches). # shape: (M, ...)
+            y_val: Held-out targets. # shape: (M,)
+            thetas: Subspace samples. # shape: (S, r)
+            train_mean: The training targets' mean (default the held-out targets' mean).
+            cross_fit_variance: Cross-fit :math:`\kappa` as above (else ``variance_scale``).
+
+        Returns:
+            The :class:`~gpext.fit.HeldoutCheck`.
+        """
+        saved, self.variance_scale = self.variance_scale, 1.0
+        try:
+            out, y_all = self._predict_data(x_val, y_val, thetas)
+        finally:
+            self.variance_scale = saved
+        means, variances = out["means"].double(), out["variances"].double()
+        y_all = y_all.reshape(-1).double().to(means.device)
+        kappa = torch.full_like(y_all, float(saved))
+        m = y_all.numel()
+        if cross_fit_variance and m >= 2 * MIN_CHECK_POINTS:
+            idx = torch.arange(m, device=means.device)
+            for part in (idx % 2 == 0, idx % 2 == 1):
+                k, _ = _variance_scale_search(means[:, ~part], variances[:, ~part], y_all[~part])
+                kappa[part] = k
+        mean = means.mean(0)
+        var = (variances * kappa).mean(0) + means.var(0, unbiased=False)
+        return check_heldout(
+            mean, var, y_all,
+            train_mean=y_all.mean() if train_mean is None else train_mean,
+            name=f"SubspaceModel (T = {self.temperature:.3g}, {thetas.shape[0]} samples)",
+            what="held-out rows" + (" (variance factor cross-fitted)" if cross_fit_variance
+                                    else ""),
+        )  # fmt: skip
 
     @torch.no_grad()
     def _best_variance_scale(
