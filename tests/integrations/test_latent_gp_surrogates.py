@@ -121,8 +121,10 @@ class TestLatentGPSurrogates(BotorchTestCase):
         x = torch.rand(5, D, dtype=torch.float64)
         with torch.no_grad():
             k = clf.kernel(clf._train["x"]).to_dense().numpy()
-            ks = clf.kernel(clf._train["x"], x).to_dense().numpy()
-            kss = clf.kernel(x).to_dense().numpy()
+            # the classifier's kernel acts on its standardised inputs (its data contract)
+            z = clf.standardizer.transform_inputs(x)
+            ks = clf.kernel(clf._train["x"], z).to_dense().numpy()
+            kss = clf.kernel(z).to_dense().numpy()
             extra = float(clf.extra_noise)
         post = model.posterior(x)
         cov = post.distribution.covariance_matrix.detach().numpy()  # interleaved (q*C)

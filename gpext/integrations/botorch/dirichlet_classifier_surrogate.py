@@ -183,6 +183,8 @@ class DirichletClassifierSurrogate(LatentGPSurrogate):
 
     def _latent(self, X: torch.Tensor) -> MultivariateNormal:
         factors = self._train_factors(X)
+        # the classifier keeps its training inputs standardised (its data contract)
+        X = self.model.standardizer.transform_inputs(X)
         kernel = self.model.kernel
         k_ss = kernel(X).to_dense().unsqueeze(-3)  # shape: (*b, 1, q, q)
         mu = self.model.class_means.to(X).unsqueeze(-1)  # shape: (C, 1)
