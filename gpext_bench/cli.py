@@ -10,7 +10,10 @@ Exit codes: 0 when every fit succeeded; 1 when at least one (dataset, method, sp
 (its row is kept in the results with a ``failure`` field and the run went on); 2 for bad
 arguments (unknown dataset or method, ``--splits`` below 1, a method of the other task, an
 unavailable ``--device``), reported as one ``gpext: error:`` line.  When standard error is not a
-terminal, one progress line per finished fit is written to it.
+terminal, one progress line per finished fit is written to it.  Every row of the results
+records the gpext warnings of its fit (``warnings``: how many, ``warning``: the class and first
+line of the first, ``warning_classes``); the aggregated rows count the warned fits
+(``warned_fits``), and the printed tables show them when any fit warned.
 """
 
 from __future__ import annotations
@@ -129,18 +132,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     rows = aggregate_rows(run.rows)
     failed = ["failed"] if run.failures else []
+    warned = ["warned_fits", "warning"] if any(r.get("warned_fits") for r in rows) else []
     for task, task_cols in (
         ("regression", ["dataset", "method", "rmse", "nll", "coverage95", "seconds", "n"]),
         ("classification", ["dataset", "method", "error", "mnll", "ece", "brier", "seconds", "n"]),
     ):
         sel = [r for r in rows if get_method(r["method"]).task == task]
         if sel:
-            print(format_markdown_table(sel, task_cols + failed))
+            print(format_markdown_table(sel, task_cols + failed + warned, max_width=100))
     for f in run.failures:
         print(
             f"FAILED {f['dataset']} split {f['split']} / {f['method']}: {f['error']}",
             file=sys.stderr,
         )
+    num_warned = sum(1 for r in run.rows if r.get("warnings"))
+    if num_warned:
+        print(f"gpext: {num_warned} of {len(run.rows)} fit(s) issued gpext warnings; see "
+              "'warnings' and 'warning' in the results.", file=sys.stderr)  # fmt: skip
     json_path, md_path = write_results(
         "gpext_bench",
         rows,

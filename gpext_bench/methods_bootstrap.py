@@ -7,6 +7,8 @@
   2 x 512 ReLU MLP trained as one vectorised ensemble (quick: 2 x 128, 5 particles); Adam with
   ``lr = 0.1`` (NTK parameterisation, see :meth:`~gpext.bootstrap.VBootMLP.fit`), batch 256,
   cosine decay, 12 epochs in the full budget (001 trains 200; 12 is what a 2-core CPU affords).
+  The ensemble is float32 whatever ``--dtype`` is; its inputs are converted to float32 and its
+  predictions back to the split's dtype.
 
 Classification uses the Dirichlet transform with ``alpha_epsilon = 0.01``, or ``0.001`` for more
 than ten classes (the setting of the reference code for letter-like data sets).
@@ -30,12 +32,22 @@ def default_alpha_epsilon(num_classes: int) -> float:
     return 0.01 if num_classes <= 10 else 0.001
 
 
-def _prediction(model, split: DatasetSplit, device, info: dict) -> Prediction:
-    test_x = split.test_x.to(device)
+def _prediction(
+    model, split: DatasetSplit, device, info: dict, dtype: torch.dtype | None = None
+) -> Prediction:
+    """Predict the split's test part; ``dtype``: the model's dtype when it differs from the
+    split's (the test inputs are converted to it, as gpext models refuse inputs of another
+    floating dtype, and the predictions back to the split's dtype for scoring)."""
+    test_x = split.test_x.to(device, dtype or split.test_x.dtype)
+    out_dtype = split.test_x.dtype
     if split.task == "classification":
         return Prediction(probs=model.predict_proba(test_x).to(torch.float64).cpu(), info=info)
     means, variances = model.predict_mixture(test_x)
-    return Prediction(mixture_means=means.cpu(), mixture_variances=variances.cpu(), info=info)
+    return Prediction(
+        mixture_means=means.to(out_dtype).cpu(),
+        mixture_variances=variances.to(out_dtype).cpu(),
+        info=info,
+    )
 
 
 def fit_predict_vboot_rff(
@@ -107,7 +119,9 @@ def fit_predict_vboot_mlp(
         batch_size: Minibatch size (default ``min(256, max(32, N // 8))``).
         lr: Initial Adam learning rate (``0.1`` suits the NTK parameterisation).
         alpha_epsilon: Dirichlet ``alpha_epsilon`` (default :func:`default_alpha_epsilon`).
-        dtype: Training dtype (float32: the usual precision for networks).
+        dtype: Dtype of the ensemble (float32: the usual precision for networks, also under
+            ``--dtype float64``). The training and test inputs are converted to it, and the
+            predictions back to the split's dtype, so any split dtype works.
 
     Returns:
         Class probabilities or a Gaussian mixture.
@@ -133,8 +147,11 @@ def fit_predict_vboot_mlp(
     min_steps = config.budget(300, 600) if min_steps is None else min_steps
     epochs = max(epochs, -(-min_steps // steps_per_epoch))
     t0 = time.perf_counter()
+    y = split.train_y.to(config.device)
+    if split.task == "regression":
+        y = y.to(dtype)
     model.fit(
-        x, split.train_y.to(config.device), num_epochs=epochs, batch_size=batch_size, lr=lr,
+        x, y, num_epochs=epochs, batch_size=batch_size, lr=lr,
         cosine_decay=True, show_progress=config.show_progress,
     )  # fmt: skip
     info = {
@@ -144,7 +161,7 @@ def fit_predict_vboot_mlp(
         **kwargs,
     }
     info["dtype"] = str(dtype)
-    return _prediction(model, split, config.device, info)
+    return _prediction(model, split, config.device, info, dtype=dtype)
 
 
 @register_method(

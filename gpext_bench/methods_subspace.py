@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import gpytorch
 import torch
@@ -122,6 +123,7 @@ from gpext.subspace.tuning import TEMPERATURE_EXPONENTS
 from gpext.utils import check_positive_int
 from gpext_bench.data import DatasetSplit
 from gpext_bench.registry import BenchConfig, Prediction, register_method
+from gpext_bench.runner import reissue_warnings
 
 __all__ = [
     "DelayedRBFInKPCA",
@@ -257,6 +259,10 @@ class SubspaceRun:
         #: The output likelihood the network was trained with (its own object when the noise
         #: is learned).
         self.likelihood: OutputLikelihood = _LIKELIHOOD
+        #: Warnings issued while the run was trained (by :func:`fit_subspace_run`), issued
+        #: again whenever a method reuses the cached run, so that every method's fit reports
+        #: them (``gpext bench`` records the gpext ones in each method's row).
+        self.training_warnings: list[warnings.WarningMessage] = []
 
     def temperature_exponent(self, subspace: str, config: BenchConfig) -> float:
         """Exponent ``e`` (``T = (N / rank)^e``) chosen for ``subspace`` by
@@ -373,8 +379,11 @@ def fit_subspace_run(
     subspace method first asks for it. The network every method uses is trained
     afresh, with the same recipe and seed, on all training rows, and the subspace methods
     use the chosen exponent ``e`` as ``T = (N / rank)^e`` with the full ``N`` (the usual
-    refit after validation). The cache holds the last run, keyed by split and config (so the
-    registered methods, which pass neither, reuse a run trained with explicit settings);
+    refit after validation). The warnings of the training are kept
+    (``run.training_warnings``) and issued again each time the cached run is returned, so that
+    each method sharing it reports them. The cache holds the last run, keyed by split and
+    config (so the registered methods, which pass neither, reuse a run trained with explicit
+    settings);
     ``recipe``, ``epochs``, ``rank`` and ``validation_fraction`` only apply when a new run is
     trained.
 
@@ -424,9 +433,22 @@ def fit_subspace_run(
     base = (split.name, split.split_index, split.num_train, config.seed, config.quick, config.dtype)
     key = (*base, likelihood)
     if key in _CACHE:
-        return _CACHE[key]
+        run = _CACHE[key]
+        # a method reusing the run reports the warnings of its training as its own
+        reissue_warnings(run.training_warnings)
+        return run
     for old in [k for k in _CACHE if k[:-1] != base]:
         del _CACHE[old]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = _train_split_run(split, config, candidates, rank, validation_fraction, likelihood)
+    run.training_warnings = list(caught)
+    reissue_warnings(caught)
+    _CACHE[key] = run
+    return run
+
+
+def _train_split_run(split, config, candidates, rank, validation_fraction, likelihood):
     seed = config.seed + split.split_index
     all_x = split.train_x.to(config.device, config.dtype)
     all_y = split.train_y.to(config.device, config.dtype)
@@ -448,7 +470,6 @@ def fit_subspace_run(
     empty = all_x[:0], all_y[:0]
     run = _train_run((all_x, all_y, *empty), candidates[name], rank, seed, config, likelihood)
     run.selection_run, run.recipe_search, run.recipe_name = selection_run, search, name
-    _CACHE[key] = run
     return run
 
 

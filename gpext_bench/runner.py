@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 import torch
 
 from gpext import metrics
-from gpext.errors import InputDataError, expected_got
+from gpext.errors import GpextWarning, InputDataError, expected_got
 from gpext.utils import progress_bar
 from gpext_bench.data import DatasetSplit, dataset_info, load_dataset
 from gpext_bench.registry import BenchConfig, BenchMethod, Prediction, get_method, list_methods
@@ -22,8 +23,10 @@ __all__ = [
     "BenchRun",
     "check_device",
     "evaluate_prediction",
+    "reissue_warnings",
     "run_benchmark",
     "split_seeds",
+    "summarize_warnings",
 ]
 
 #: Datasets used when none are named: scikit-learn's bundled sets, always available offline.
@@ -77,6 +80,74 @@ def evaluate_prediction(split: DatasetSplit, pred: Prediction) -> dict[str, floa
         "ece": metrics.expected_calibration_error(probs, y),
         "brier": metrics.brier_score(probs, y),
     }
+
+
+def _first_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def summarize_warnings(caught: Iterable[warnings.WarningMessage]) -> dict[str, object]:
+    """The gpext warnings among recorded warnings, as fields of a result row.
+
+    Only warnings whose category is a :class:`gpext.errors.GpextWarning` count; other
+    warnings (from torch, GPyTorch, ...) are left out of the row.
+
+    Args:
+        caught: Warnings recorded by ``warnings.catch_warnings(record=True)``.
+
+    Returns:
+        ``warnings``: the number of gpext warnings (an ``int``, 0 for a clean fit);
+        ``warning``: ``"<ClassName>: <first line of its message>"`` of the first one, or
+        ``""``; ``warning_classes``: the sorted, comma-joined names of their distinct classes,
+        or ``""``.
+
+    Example:
+        >>> import warnings
+        >>> from gpext.errors import ConvergenceWarning
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn("budget used up\\nmore", ConvergenceWarning)
+        >>> summarize_warnings(caught)["warning"]
+        'ConvergenceWarning: budget used up'
+        >>> summarize_warnings(caught)["warnings"], summarize_warnings(caught)["warning_classes"]
+        (1, 'ConvergenceWarning')
+    """
+    gpext = [w for w in caught if issubclass(w.category, GpextWarning)]
+    first = ""
+    if gpext:
+        first = f"{gpext[0].category.__name__}: {_first_line(str(gpext[0].message))}"
+    classes = sorted({w.category.__name__ for w in gpext})
+    return {"warnings": len(gpext), "warning": first, "warning_classes": ",".join(classes)}
+
+
+def _module_of(filename: str) -> tuple[str | None, dict | None]:
+    for name, mod in list(sys.modules.items()):
+        if getattr(mod, "__file__", None) == filename:
+            return name, vars(mod)
+    return None, None
+
+
+def reissue_warnings(caught: Iterable[warnings.WarningMessage]) -> None:
+    """Issue recorded warnings again, as if they had not been caught.
+
+    Each warning goes through :func:`warnings.warn_explicit` with its original category,
+    file, line and (when the file is an imported module) module name and registry, so the
+    filters in force outside the recording block (``ignore``, ``once``, ``error``, ...)
+    apply as they would have to the original call.
+    """
+    modules: dict[str, tuple[str | None, dict | None]] = {}
+    for w in caught:
+        if w.filename not in modules:
+            modules[w.filename] = _module_of(w.filename)
+        module, module_globals = modules[w.filename]
+        registry = None
+        if module_globals is not None:
+            registry = module_globals.setdefault("__warningregistry__", {})
+        warnings.warn_explicit(
+            w.message, w.category, w.filename, w.lineno, module=module, registry=registry,
+            module_globals=module_globals, source=w.source,
+        )  # fmt: skip
 
 
 @dataclass
@@ -234,7 +305,13 @@ def run_benchmark(
     Returns:
         A :class:`BenchRun` with one row per (dataset, method, split). A fit that raised any
         exception gets a row with ``failure`` (the error text) and no metrics, and an entry
-        in ``failures``; the run goes on with the next fit.
+        in ``failures``; the run goes on with the next fit. Every row records the gpext
+        warnings (:class:`~gpext.errors.GpextWarning`) its fit and prediction issued, as
+        :func:`summarize_warnings` does: ``warnings`` (their number, 0 for a clean fit),
+        ``warning`` (``"<ClassName>: <first line>"`` of the first) and ``warning_classes``.
+        All warnings recorded during a fit, gpext's and others, are issued again after it
+        (:func:`reissue_warnings`), so the caller's warning filters apply as usual; under an
+        ``error`` filter that exception is raised after the row is recorded.
 
     Raises:
         InputDataError: Bad ``splits``, seed, method names, a named method that matches the
@@ -284,6 +361,7 @@ def run_benchmark(
         bar.set_postfix_str(f"{name}/{s} {method.name}")
         data_seed, fit_seed = split_seeds(config.seed, s)
         t0 = time.perf_counter()
+        caught: list[warnings.WarningMessage] = []
         try:
             split = load_dataset(
                 name, split=s, data_dir=data_dir, dtype=config.dtype, seed=data_seed,
@@ -291,29 +369,41 @@ def run_benchmark(
             )  # fmt: skip
             torch.manual_seed(fit_seed)
             cfg = replace(config, seed=fit_seed)
-            t0 = time.perf_counter()
-            pred = method.fit_predict(split, cfg)
-            seconds = time.perf_counter() - t0
-            scores = evaluate_prediction(split, pred)
+            # Every warning of the fit is recorded (gpext ones go into the row) and issued
+            # again below, so the caller's filters still see all of them.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                t0 = time.perf_counter()
+                pred = method.fit_predict(split, cfg)
+                seconds = time.perf_counter() - t0
+                scores = evaluate_prediction(split, pred)
         except Exception as err:  # noqa: BLE001 (recorded with its row; the run goes on)
             if raise_errors:
+                reissue_warnings(caught)
                 raise
             text = f"{type(err).__name__}: {err}"
             seconds = time.perf_counter() - t0
             run.failures.append({"dataset": name, "method": method.name, "split": s,
                                  "error": text})  # fmt: skip
             run.rows.append({"dataset": name, "method": method.name, "split": s,
-                             "seconds": seconds, "failure": text})  # fmt: skip
+                             "seconds": seconds, "failure": text,
+                             **summarize_warnings(caught)})  # fmt: skip
             _log(log, k, len(jobs), name, s, method.name, f"FAILED {text}")
+            reissue_warnings(caught)
             continue
         # Methods sharing one training run (the subspace family) report their own share.
         seconds = float(pred.info.get("seconds", seconds))
         row = {"dataset": split.name, "method": method.name, "split": s, **scores}
         row["seconds"] = seconds
+        row.update(summarize_warnings(caught))
         run.rows.append(row)
         if keep_predictions:
             run.predictions[(split.name, method.name, s)] = (split, pred)
-        _log(log, k, len(jobs), split.name, s, method.name, f"{seconds:.2f} s")
+        what = f"{seconds:.2f} s"
+        if row["warnings"]:
+            what += f", {row['warnings']} gpext warning(s): {row['warning']}"
+        _log(log, k, len(jobs), split.name, s, method.name, what)
+        reissue_warnings(caught)
     return run
 
 
