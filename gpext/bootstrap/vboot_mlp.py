@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,9 @@ from gpext.fit import (
     FitResult,
     Standardizer,
     check_explained_variance,
+    check_heldout,
     check_predictions_vary,
+    holdout_split,
     train_loop,
 )
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
@@ -32,6 +35,8 @@ from gpext.utils import check_positive_int
 
 __all__ = ["DEFAULT_EPOCHS", "MIN_DEFAULT_STEPS", "VBootMLP"]
 
+#: Particles of the copy that :meth:`VBootMLP.fit` trains for its held-out check.
+CHECK_PARTICLES = 3
 #: :meth:`VBootMLP.fit`'s default number of epochs on large data (001's MNIST protocol).
 DEFAULT_EPOCHS = 12
 #: Fewest optimiser steps of :meth:`VBootMLP.fit`'s default on small data.
@@ -237,6 +242,7 @@ class VBootMLP(torch.nn.Module):
         lr: float = 0.1,
         cosine_decay: bool = True,
         show_progress: bool | None = None,
+        check: bool = True,
     ) -> FitResult:
         """Train the particles (all, or the subset ``particle_indices``) together.
 
@@ -265,6 +271,12 @@ class VBootMLP(torch.nn.Module):
                 standardised inputs).
             cosine_decay: Anneal the learning rate to zero over the run (cosine schedule).
             show_progress: Progress bar over epochs.
+            check: Run the end-of-fit checks: the training-set checks, and for one regression
+                output the shared held-out check (:func:`gpext.fit.check_heldout`): a copy
+                with at most :data:`CHECK_PARTICLES` particles, the fitted noise and the same
+                budget is trained on 80% of the rows and scored on the rest (about
+                ``CHECK_PARTICLES / K`` of the fit's cost again); skipped with fewer than 50
+                rows and for ``particle_indices`` fits (check the merged model instead).
 
         Returns:
             The :class:`~gpext.fit.FitResult` of :func:`gpext.fit.train_loop` (``losses``: the
@@ -337,8 +349,32 @@ class VBootMLP(torch.nn.Module):
         if self.task == "regression":
             check_explained_variance(mean, targets[sub], name="VBootMLP", result=result,
                                      stacklevel=3, advice=NETWORK_FIT_ADVICE)  # fmt: skip
+        if check and self.task == "regression" and c == 1 and particle_indices is None:
+            self._check_heldout(x_original, y, num_epochs, batch_size, lr, cosine_decay, result)
         self.fit_result_ = result
         return result
+
+    def _check_heldout(self, x, y, num_epochs, batch_size, lr, cosine_decay, result) -> None:
+        y = torch.as_tensor(y).reshape(x.shape[0], -1)[:, 0].to(x)
+        split = holdout_split(x.shape[0], 0.2, torch.Generator().manual_seed(self.seed + 7919))
+        if split is None or x.shape[0] < 50 or not bool(torch.isfinite(self.noise_).all()):
+            return
+        tr, te = (i.to(x.device) for i in split)
+        copy = VBootMLP(
+            min(self.num_particles, CHECK_PARTICLES), self.hidden_sizes, prior_std=self.prior_std,
+            noise=float(self.noise_.reshape(-1)[0]), seed=self.seed, dtype=self.dtype,
+            standardize=self.standardizer.inputs,
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the copy's own diagnostics are not the model's
+            copy.fit(x[tr], y[tr], num_epochs=num_epochs, batch_size=batch_size, lr=lr,
+                     cosine_decay=cosine_decay, show_progress=False, check=False)  # fmt: skip
+        means, variances = copy.predict_mixture(x[te])
+        check_heldout(
+            means.mean(0), variances.mean(0) + means.var(0, unbiased=False), y[te],
+            train_mean=y[tr].double().mean(), name="VBootMLP", result=result,
+            what="rows held out from a refit on the rest", stacklevel=3,
+        )  # fmt: skip
 
     def _train(
         self,

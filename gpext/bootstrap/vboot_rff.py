@@ -20,12 +20,16 @@ from gpext.bootstrap.rbf_hyperparameters import (
     fit_kernel_hyperparameters,
 )
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
-from gpext.fit import FitResult, Standardizer, StopReason
+from gpext.fit import FitResult, Standardizer, StopReason, check_heldout, holdout_split
 from gpext.kernels.random_fourier_features_kernel import RandomFourierFeaturesKernel
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
 
 __all__ = ["VBootRFF"]
+
+
+#: Most training rows :meth:`VBootRFF.fit` uses for its held-out check (a random subset).
+CHECK_MAX_POINTS = 5000
 
 
 class VBootRFF(torch.nn.Module):
@@ -402,8 +406,37 @@ class VBootRFF(torch.nn.Module):
                 stop_reason=StopReason.CONVERGED,
                 message="hyperparameters given; the particles are closed-form solves",
             )
+        if self.task == "regression" and c == 1 and bool(torch.isfinite(noise).all()):
+            self._check_heldout(x, targets, noise, hp, generator, result)
         self.fit_result_ = result
         return result
+
+    @torch.no_grad()
+    def _check_heldout(self, z, targets, noise, hp, generator, result) -> None:
+        """The shared held-out check (:func:`gpext.fit.check_heldout`) of the particle mixture.
+
+        The particles of a copy with the same frequencies and hyperparameters are solved on
+        80% of (up to :data:`CHECK_MAX_POINTS`) training rows and their equal mixture,
+        moment-matched, is scored on the other 20% (standardised units).
+        """
+        n = z.shape[0]
+        rows = torch.randperm(n, generator=generator)[: min(n, CHECK_MAX_POINTS)].to(z.device)
+        split = holdout_split(rows.numel(), 0.2, generator)
+        if split is None:
+            return
+        tr, te = rows[split[0].to(z.device)], rows[split[1].to(z.device)]
+        phi = self.kernel.featurize(z)
+        w = solve_perturbed_map(
+            phi[tr], targets[tr] - hp.mean, noise[tr], hp.outputscale,
+            min(self.num_particles, 32), generator=generator, method=self.method,
+            gram_memory=self.gram_memory, show_progress=False,
+        )  # fmt: skip
+        f = torch.einsum("md,kcd->kmc", phi[te], w)[..., 0] + hp.mean[0]  # shape: (K, M)
+        var = f.var(0, unbiased=False) + noise[te, 0]
+        check_heldout(
+            f.mean(0), var, targets[te, 0], train_mean=targets[tr, 0].mean(), name="VBootRFF",
+            result=result, what="rows held out from a solve on the rest", stacklevel=3,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ prediction
     def features(self, x: torch.Tensor) -> torch.Tensor:

@@ -248,3 +248,22 @@ def test_classifiers_do_not_depend_on_input_units():
     rff.fit(x[tr], labels[tr], generator=torch.Generator().manual_seed(0))
     acc_rff = float((rff.predict_proba(x[te]).argmax(-1) == labels[te]).double().mean())
     assert acc > 0.8 and acc_rff > 0.8
+
+
+def test_vboot_held_out_checks_fire_on_pure_noise_and_stay_quiet_on_signal():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(150, 3, generator=g, dtype=torch.float64)
+    noise = torch.randn(150, generator=g, dtype=torch.float64) * 40 + 7
+    signal = torch.sin(5 * x[:, 0]) + 0.1 * torch.randn(150, generator=g, dtype=torch.float64)
+    for name, fit in [
+        ("rff", lambda y: VBootRFF(512, 16).fit(x, y, generator=torch.Generator().manual_seed(1))),
+        ("mlp", lambda y: VBootMLP(3, (64, 64), seed=1, dtype=torch.float64).fit(x, y)),
+    ]:
+        with pytest.warns(NoSignalWarning):
+            res = fit(noise)
+        assert "NoSignalWarning" in res.problems, name
+        if name == "rff":
+            with warnings.catch_warnings(record=True) as rec:
+                warnings.simplefilter("always")
+                res = fit(signal)
+            assert not {"NoSignalWarning", "OverconfidenceWarning"} & set(res.problems)
