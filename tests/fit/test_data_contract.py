@@ -263,7 +263,7 @@ def test_vboot_held_out_checks_fire_on_pure_noise_and_stay_quiet_on_signal():
             res = fit(noise)
         assert "NoSignalWarning" in res.problems, name
         if name == "rff":
-            with warnings.catch_warnings(record=True) as rec:
+            with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
                 res = fit(signal)
             assert not {"NoSignalWarning", "OverconfidenceWarning"} & set(res.problems)
