@@ -304,8 +304,6 @@ def component_runs(split: DatasetSplit, config: BenchConfig) -> list:
 )
 def fit_predict_multiswag(split: DatasetSplit, config: BenchConfig) -> Prediction:
     """MultiSWAG over independent runs of the subspace methods' network and recipe."""
-    from gpext_bench import methods_subspace as ms
-
     runs = component_runs(split, config)
     run = runs[0]
     t0 = time.perf_counter()
@@ -313,7 +311,7 @@ def fit_predict_multiswag(split: DatasetSplit, config: BenchConfig) -> Predictio
     gen = torch.Generator().manual_seed(member_seed(config, split, 0))
     w = MultiSWAG(swags).sample(MULTISWAG_SAMPLES, scale=0.5, generator=gen)
     pred = predict_weight_samples(
-        run.net, w, split.test_x.to(config.device, config.dtype), ms._LIKELIHOOD
+        run.net, w, split.test_x.to(config.device, config.dtype), run.likelihood
     )
     seconds = (
         sum(r.train_seconds for r in runs) + run.selection_seconds(None) + time.perf_counter() - t0

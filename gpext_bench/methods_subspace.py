@@ -42,6 +42,13 @@ set: on yacht its weight decay of 0.1 leaves our network underfit on its own tra
 (training RMSE about 0.25 standard deviations at the SWA mean on split 0), while on naval it
 trains about 50 times more steps than the earlier recipe and removes that recipe's underfit.
 
+Data contract: every run trains with :func:`gpext.subspace.train_sgd_trajectory`'s default
+``standardize=True``: the network standardises its own inputs and its likelihood (one object
+per run) maps its outputs back to the targets' units, with statistics of the rows the run is
+trained on, so the recipes below hold on tables in raw units (``benchmarks/generalization.py``)
+as on the harness's standardised splits (where the transform is close to the identity), and
+every prediction is in the split's target units.
+
 One training run on all training rows per (split, seed) is shared by every method
 (cached): SWA, SWAG, the PCA and InKPCA subspaces and FA-SWAG all come from the same iterates,
 and only the inference (ESS / VI) differs. Before it, the recipe and the likelihood temperature
@@ -154,7 +161,6 @@ __all__ = [
 ]
 
 HETEROSCEDASTIC, HOMOSCEDASTIC = "heteroscedastic_gaussian", "homoscedastic_gaussian"
-_LIKELIHOOD = OutputLikelihood(HETEROSCEDASTIC, min_variance=1e-6)
 _CACHE: dict[tuple, SubspaceRun] = {}
 MAX_GRAD_NORM = 10.0
 VI_BATCH_SIZE = 1000
@@ -256,9 +262,9 @@ class SubspaceRun:
         self.recipe: TrainingRecipe | None = None
         self.recipe_search: RecipeSelection | None = None
         self.recipe_name: str | None = None
-        #: The output likelihood the network was trained with (its own object when the noise
-        #: is learned).
-        self.likelihood: OutputLikelihood = _LIKELIHOOD
+        #: The output likelihood the network was trained with (one object per run: it holds
+        #: the run's target transform, and its learned noise).
+        self.likelihood: OutputLikelihood = OutputLikelihood(HETEROSCEDASTIC, min_variance=1e-6)
         #: Warnings issued while the run was trained (by :func:`fit_subspace_run`), issued
         #: again whenever a method reuses the cached run, so that every method's fit reports
         #: them (``gpext bench`` records the gpext ones in each method's row).
@@ -295,7 +301,7 @@ class TemperatureSelection:
     Attributes:
         temperature: The chosen ``T``.
         exponent: Its grid exponent ``e`` (``T = (N / rank)^e``).
-        validation_ll: Mean validation log-likelihood (standardised units) per grid ``T``.
+        validation_ll: Mean validation log-likelihood (the split's target units) per grid ``T``.
         model: The :class:`~gpext.subspace.SubspaceModel` at the chosen ``T``.
         thetas: Its ESS samples. # shape: (S, r)
         seconds: Time spent on the subspace and the ESS grid.
@@ -514,11 +520,11 @@ def _train_run(
     x, y = data[0], data[1]
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
+    # one likelihood object per run: the run's target transform (and learned noise)
+    lik = OutputLikelihood(likelihood, min_variance=1e-6)
     if likelihood == HETEROSCEDASTIC:
-        lik = _LIKELIHOOD
         net = HeteroscedasticMLP(x.shape[-1], [50]).to(config.device, config.dtype)
-    else:  # learned noise: one likelihood object per run
-        lik = OutputLikelihood(likelihood, min_variance=1e-6)
+    else:
         net = regression_network(lik, x.shape[-1], [50]).to(config.device, config.dtype)
     inkpca = DelayedRBFInKPCA(rank, feed_every=inkpca_feed_every(recipe.num_collections))
     fa = OnlineFactorAnalysis(

@@ -23,7 +23,6 @@ leave-one-out predictions (:func:`exact_gp_loo`) instead.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Callable
@@ -205,11 +204,6 @@ def holdout_refit_check(
         mean, var, y[te], train_mean=y[tr].double().mean(), name=name, result=result,
         what="rows held out from a refit on the rest", stacklevel=stacklevel + 1,
     )  # fmt: skip
-
-
-def copy_module(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of a model in its current (unfitted) state, for :func:`holdout_refit_check`."""
-    return copy.deepcopy(module)
 
 
 @torch.no_grad()

@@ -142,7 +142,7 @@ def check_explained_variance(
 ) -> bool:
     r"""Warn when a model explains less than ``threshold`` of its training targets' variance.
 
-    :math:`R^2 = 1 - \overline{(y - \hat y)^2} / \operatorname{Var}(y)` (per output; the smallest
+    :math:`R^2 = 1 - \overline{(y - \hat y)^2} / \overline{(y - \bar y)^2}` (per output; the smallest
     counts); a model whose learned
     noise holds (nearly) all of the variance while :math:`R^2 <` ``threshold`` has collapsed to
     the mean.
@@ -168,7 +168,7 @@ def check_explained_variance(
     t = targets.detach().to(torch.float64).reshape(targets.shape[0], -1)
     if t.shape[0] < 2:
         return True
-    var_all = t.var(0)
+    var_all = t.var(0, unbiased=False)  # the mean's own squared error: a mean predictor has R^2 0
     live = var_all > 0
     if not bool(live.any()):
         return True

@@ -10,11 +10,23 @@
   aware without constraining the network).
 * :class:`UnitNorm`: rows scaled to unit Euclidean norm (:class:`MLP`'s
   ``normalize_last_hidden``).
+* :func:`standardize_inputs`: a network that standardises its own inputs (buffers and a
+  forward pre-hook, no parameters; the data contract of the weight-space methods,
+  :mod:`gpext.subspace`), with :func:`attach_input_standardization`,
+  :func:`input_standardization`, :func:`has_input_standardization` and
+  :func:`remove_input_standardization`.
 """
 
 from gpext.nn.classifier_mlp import ClassifierMLP
 from gpext.nn.heteroscedastic_mlp import HeteroscedasticMLP
 from gpext.nn.input_augmented_embedding import InputAugmentedEmbedding
+from gpext.nn.input_standardization import (
+    attach_input_standardization,
+    has_input_standardization,
+    input_standardization,
+    remove_input_standardization,
+    standardize_inputs,
+)
 from gpext.nn.mlp import MLP, UnitNorm
 from gpext.nn.set_encoder import SetEncoder
 from gpext.nn.small_cnn import SmallCNN
@@ -29,4 +41,9 @@ __all__ = [
     "SmallCNN",
     "SpectralNormalizedMLP",
     "UnitNorm",
+    "attach_input_standardization",
+    "has_input_standardization",
+    "input_standardization",
+    "remove_input_standardization",
+    "standardize_inputs",
 ]

@@ -18,6 +18,7 @@ from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.sgd_trajectory import (
     _check_loader_args,
     _fit_noise_streamed,
+    _standardize_data,
     _training_batches,
     train_sgd_trajectory,
 )
@@ -96,6 +97,7 @@ def collect_from_pretrained(
     max_grad_norm: float | None = 10.0,
     generator: torch.Generator | None = None,
     parameters: ParameterSelection = "all",
+    standardize: bool | str = False,
     **kwargs: Any,
 ) -> TrajectoryCollector:
     r"""Collect a short constant-rate SGD (SWA) trajectory starting from pretrained weights.
@@ -154,6 +156,13 @@ def collect_from_pretrained(
         parameters: Which parameters are collected (see
             :func:`~gpext.subspace.train_sgd_trajectory`: all trainable parameters are trained,
             only the selected ones collected; e.g. ``"last_layer"``).
+        standardize: The data contract of :func:`~gpext.subspace.train_sgd_trajectory`.
+            Default ``False``: the pretrained network and its likelihood are used in the units
+            they were trained in (a network trained by
+            :func:`~gpext.subspace.train_sgd_trajectory` already carries its input
+            standardisation, and its likelihood its target transform).  ``True`` (or
+            ``"inputs"`` / ``"targets"``) fits what is missing on ``x`` and ``y`` first, for a
+            network pretrained on standardised data.
         **kwargs: Passed to :func:`~gpext.subspace.train_sgd_trajectory` (``observers``,
             ``step_observers``, ``collect_every``, ``show_progress``).
 
@@ -201,6 +210,8 @@ def collect_from_pretrained(
             expected_got("collect_from_pretrained.lr / lr_candidates", "positive rates",
                          lr if lr is not None else lr_candidates)
         )  # fmt: skip
+    _standardize_data(module, x, y, likelihood, standardize, loader,
+                      name="collect_from_pretrained")  # fmt: skip
     if likelihood.learns_noise:
         with torch.no_grad():
             module.eval()
@@ -239,7 +250,7 @@ def collect_from_pretrained(
                     train_sgd_trajectory(
                         trial, x, y, trial_lik, epochs=1, swa_start=0, lr=rate, swa_lr=rate,
                         generator=torch.Generator(device="cpu").manual_seed(seed),
-                        show_progress=False, **common,
+                        show_progress=False, standardize=False, **common,
                     )  # fmt: skip
                 except NumericalError as err:
                     record["error"] = str(err)
@@ -254,8 +265,8 @@ def collect_from_pretrained(
         lr = chosen
     traj = train_sgd_trajectory(
         module, x, y, likelihood, epochs=epochs, swa_start=0, lr=lr, swa_lr=lr,
-        max_deviations=max_deviations, generator=generator, parameters=parameters, **common,
-        **kwargs,
+        max_deviations=max_deviations, generator=generator, parameters=parameters,
+        standardize=False, **common, **kwargs,
     )  # fmt: skip
     traj.post_hoc_lr = float(lr)
     traj.post_hoc_lr_trials = trials

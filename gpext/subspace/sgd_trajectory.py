@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -11,6 +11,7 @@ from torch import nn
 from gpext.errors import InputDataError, NumericalError, ShapeError, expected_got
 from gpext.fit import check_explained_variance, minibatch_indices
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
+from gpext.nn.input_standardization import input_standardization, standardize_inputs
 from gpext.subspace.batch_norm import has_batch_norm
 from gpext.subspace.data import (
     _check_reiterable,
@@ -26,7 +27,10 @@ from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
 from gpext.utils import check_positive_int, progress_bar
 
-__all__ = ["train_sgd_trajectory"]
+__all__ = ["STANDARDIZE_LOADER_ROWS", "train_sgd_trajectory"]
+
+#: Rows of a loader (the first ones it yields) on which the data standardisation is fitted.
+STANDARDIZE_LOADER_ROWS = 10_000
 
 
 def train_sgd_trajectory(
@@ -50,6 +54,7 @@ def train_sgd_trajectory(
     generator: torch.Generator | None = None,
     show_progress: bool | None = None,
     parameters: ParameterSelection = "all",
+    standardize: bool | str = True,
 ) -> TrajectoryCollector:
     r"""SGD on the negative mean log-likelihood, then constant-rate SWA collection.
 
@@ -82,6 +87,26 @@ def train_sgd_trajectory(
     head's does): pass ``max_grad_norm`` (the recipes use 10; on energy, split 0, without it a
     homoscedastic network at ``lr = 1e-2`` ended at test RMSE 2.3 standard deviations of the
     target, with it at 0.39).
+
+    Data contract (``standardize``, default on; :class:`gpext.fit.Standardizer`): before
+    training, the network gets an input standardisation fitted on the training inputs
+    (:func:`gpext.nn.standardize_inputs`: buffers and a forward pre-hook, no parameters, so
+    the flat weights, SWAG, subspaces and batch-norm refreshes are unchanged) unless it
+    already carries a fitted one, and a regression likelihood gets a target transform fitted
+    on the training targets (:meth:`OutputLikelihood.fit_target_transform`) unless it already
+    has one.  The network then trains on inputs and targets with zero mean and unit spread
+    whatever their units, so ``lr``, ``weight_decay``, the initial noise and the recipes hold
+    for any table, and every prediction read through the likelihood
+    (:meth:`OutputLikelihood.mean_variance`, :func:`~gpext.subspace.predict_weight_samples`,
+    :class:`~gpext.subspace.SubspaceModel`) is in the targets' units.  A likelihood shared by
+    several networks keeps the transform of the first training.  ``standardize=False`` uses
+    the data as given (the earlier behaviour; e.g. data already on a unit scale, or to
+    continue training a network with its likelihood as they are); ``"inputs"`` or
+    ``"targets"`` standardise only those (e.g. when a BoTorch transform already handles the
+    other).  With a loader the statistics come from the first
+    :data:`STANDARDIZE_LOADER_ROWS` rows it yields in the first epoch (all rows of a smaller
+    loader; those batches are held back until then, so the loader is not read an extra
+    time): shuffle a loader whose order is not random.
 
     Data loaders: ``x`` may be a loader of ``(x_b, y_b, ...)`` batches (e.g. a
     :class:`torch.utils.data.DataLoader`; :mod:`gpext.subspace.data`) with ``y=None``. Each
@@ -130,12 +155,15 @@ def train_sgd_trajectory(
             selected ones enter the collector, its observers and step observers, whose
             vectors have the selected length :math:`D`.  Freeze parameters
             (``requires_grad_(False)``) to keep them out of the optimisation as well.
+        standardize: The data contract above: ``True`` (inputs and regression targets),
+            ``"inputs"``, ``"targets"`` or ``False``.
 
     Returns:
         The :class:`TrajectoryCollector`.
 
     Raises:
-        InputDataError: If ``swa_start >= epochs``; with a loader: ``y`` or ``batch_size``
+        InputDataError: If ``swa_start >= epochs``, or ``standardize`` is not one of the
+            four values; with a loader: ``y`` or ``batch_size``
             given, an empty loader, non-finite values, or batches the network cannot evaluate.
         InputTypeError: For a one-shot iterator (a generator) or batches that are not
             ``(x, y)`` tuples of tensors.
@@ -187,6 +215,8 @@ def train_sgd_trajectory(
             if collect_every is None
             else check_positive_int(collect_every, "collect_every")
         )
+    # tensors: fitted now; a loader: on the first rows of the first epoch (no extra pass)
+    pending_fit = _standardize_data(module, x, y, likelihood, standardize, loader, defer=True)
     # a loader without collect_every: one collection at the end of every epoch
     per_epoch = every is None
     swa_lr = lr / 2 if swa_lr is None else swa_lr
@@ -213,6 +243,8 @@ def train_sgd_trajectory(
                 yield x[idx], y[idx]
             return
         batches = _training_batches(x, module, "train_sgd_trajectory(x)")
+        if pending_fit is not None:
+            batches = _fitted_on_first_rows(batches, pending_fit)
         for xb, yb in _merge_single_rows(batches) if min_size == 2 else batches:
             if xb.shape[0] < min_size:
                 raise ShapeError(
@@ -243,12 +275,13 @@ def train_sgd_trajectory(
             group["lr"] = rate
         sq_residuals, rows = 0.0, 0
         for xb, yb in epoch_batches():
+            pending_fit = None  # fitted on the first epoch's first rows
             out = module(xb) if not loader else _forward(module, xb, "train_sgd_trajectory(x)")
             loss = -likelihood.log_prob(out, yb).mean()
-            if learn_noise:
+            if learn_noise:  # standardised units, as the noise variance
                 with torch.no_grad():
-                    mean, _ = likelihood.mean_variance(out)
-                    sq_residuals += float(((yb - mean) ** 2).sum())
+                    mean, _ = likelihood.standardized_mean_variance(out)
+                    sq_residuals += float(((likelihood.transform_targets(yb) - mean) ** 2).sum())
                     rows += xb.shape[0]
             if not torch.isfinite(loss):
                 raise NumericalError(
@@ -297,6 +330,80 @@ def train_sgd_trajectory(
                                      name="train_sgd_trajectory (last iterate)", stacklevel=2,
                                      advice=NETWORK_FIT_ADVICE)  # fmt: skip
     return collector
+
+
+_STANDARDIZE = (True, False, "inputs", "targets")
+
+
+def _standardize_parts(standardize: object, name: str) -> tuple[bool, bool]:
+    """``(inputs, targets)`` of a ``standardize`` argument (``True``, ``False``, ``"inputs"``,
+    ``"targets"``)."""
+    if not any(standardize is v or (isinstance(v, str) and standardize == v)
+               for v in _STANDARDIZE):  # fmt: skip
+        raise InputDataError(
+            expected_got(name, "True, False, 'inputs' or 'targets'", repr(standardize))
+        )
+    return standardize in (True, "inputs"), standardize in (True, "targets")
+
+
+def _standardize_data(
+    module: nn.Module,
+    x: torch.Tensor | Iterable,
+    y: torch.Tensor | None,
+    likelihood: OutputLikelihood,
+    standardize: bool | str,
+    loader: bool,
+    *,
+    name: str = "train_sgd_trajectory",
+    defer: bool = False,
+) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+    """Fit the input standardisation of ``module`` and the target transform of ``likelihood``
+    on the training data, each unless already there (the data contract of
+    :func:`train_sgd_trajectory`).
+
+    A loader's statistics come from its first :data:`STANDARDIZE_LOADER_ROWS` rows: read now
+    (one partial pass), or with ``defer`` returned as ``fit(x_rows, y_rows)`` for the caller
+    to apply to the first rows of its own first pass (:func:`_fitted_on_first_rows`), so that
+    a loader whose sampler draws from a shared generator sees no extra pass.  ``None`` when
+    nothing is (left) to fit.
+    """
+    inputs, targets = _standardize_parts(standardize, f"{name}.standardize")
+    inputs = inputs and input_standardization(module) is None
+    targets = targets and likelihood.is_regression and not likelihood.has_target_transform
+    if not (inputs or targets):
+        return None
+
+    def fit(xs: torch.Tensor, ys: torch.Tensor) -> None:
+        if inputs:
+            standardize_inputs(module, xs, name=name)
+        if targets and ys.is_floating_point():
+            likelihood.fit_target_transform(ys)
+
+    if loader and defer:
+        return fit
+    if loader:
+        x, y = _first_rows(_training_batches(x, module, f"{name}(x)"), STANDARDIZE_LOADER_ROWS)
+    fit(x, y)
+    return None
+
+
+def _fitted_on_first_rows(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    fit: Callable[[torch.Tensor, torch.Tensor], None],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches unchanged, after ``fit`` on their first :data:`STANDARDIZE_LOADER_ROWS`
+    rows (the batches up to there are held back until then)."""
+    head, rows = [], 0
+    it = iter(batches)
+    for batch in it:
+        head.append(batch)
+        rows += batch[0].shape[0]
+        if rows >= STANDARDIZE_LOADER_ROWS:
+            break
+    if head:
+        fit(*(torch.cat(col)[:STANDARDIZE_LOADER_ROWS] for col in zip(*head)))
+    yield from head
+    yield from it
 
 
 def _sized(data: object) -> int | None:
@@ -356,16 +463,19 @@ def _fit_noise_streamed(
     *,
     name: str = "train_sgd_trajectory(x)",
 ) -> None:
-    r""":meth:`OutputLikelihood.fit_noise` over a loader: :math:`\frac1N\sum_b \sum_{n \in b} (y_n - \mu_n)^2`."""
+    r""":meth:`OutputLikelihood.fit_noise` over a loader: :math:`\frac1N\sum_b \sum_{n \in b} (t_n - m_n)^2`
+
+    (standardised units, as :meth:`OutputLikelihood.fit_noise`)."""
     total, rows = 0.0, 0
     for xb, yb in _training_batches(loader, module, name):
-        mean, _ = likelihood.mean_variance(flat.functional_call(w.to(xb.dtype), xb))
+        out = flat.functional_call(w.to(xb.dtype), xb)
+        mean, _ = likelihood.standardized_mean_variance(out)
         if mean.shape != yb.shape:
             raise ShapeError(
                 expected_got(f"{name} targets", f"shape {tuple(mean.shape)}",
                              tuple(yb.shape))
             )  # fmt: skip
-        total += float(((yb.to(mean) - mean) ** 2).double().sum())
+        total += float(((likelihood.transform_targets(yb.to(mean)) - mean) ** 2).double().sum())
         rows += yb.shape[0]
     value = total / rows
     if not math.isfinite(value):

@@ -36,6 +36,7 @@ from gpext.fit import (
     train_loop,
 )
 from gpext.metrics import mixture_gaussian_log_likelihood
+from gpext.nn.input_standardization import INPUT_LOC, attach_input_standardization
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.bayesian_model_averaging import predict_weight_samples
 from gpext.subspace.data import (
@@ -109,9 +110,19 @@ class SubspaceModel(nn.Module):
     log-likelihoods are sums over the batches in memory of one batch, and :meth:`fit_vi` can
     also take one batch per step (``minibatch=True``).
 
-    Save and restore: the state dict holds the network, the subspace, the fitted variational
-    ``q`` (after :meth:`fit_vi`), the batch-norm statistics at the centre, the temperature,
-    ``variance_scale`` and the names of the selected parameters; a new instance built the same
+    Data contract: the model evaluates the network and the likelihood as they are.  A network
+    trained by :func:`~gpext.subspace.train_sgd_trajectory` (default ``standardize=True``)
+    standardises its own inputs (:func:`gpext.nn.standardize_inputs`) and its likelihood maps
+    the outputs to the targets' units (:meth:`OutputLikelihood.mean_variance`), so ``x``,
+    ``y``, the log-likelihoods and the predictions are all in the user's units, and the
+    prior, the temperature grid and the VI settings act on standardised outputs whatever
+    those units are.
+
+    Save and restore: the state dict holds the network (with its input standardisation), the
+    subspace, the fitted variational ``q`` (after :meth:`fit_vi`), the batch-norm statistics
+    at the centre, the temperature, ``variance_scale``, the likelihood's noise and target
+    transform (:meth:`OutputLikelihood.state_dict`; loading sets them on the model's
+    likelihood) and the names of the selected parameters; a new instance built the same
     way (same network architecture, parameter selection, centre and projection shapes) loads
     it.
 
@@ -1343,13 +1354,15 @@ class SubspaceModel(nn.Module):
 
     # ---------------------------------------------------------------- save / restore
     def get_extra_state(self) -> dict:
-        """Fitted state outside the parameters: temperature, variance scale, BN statistics."""
+        """Fitted state outside the parameters: temperature, variance scale, BN statistics,
+        the likelihood's noise and target transform (:meth:`OutputLikelihood.state_dict`)."""
         return {
             "temperature": self.temperature,
             "prior_std": self.prior_std,
             "variance_scale": self.variance_scale,
             "bn_buffers": self.bn_buffers,
             "parameters": list(self.flat.names),
+            "likelihood": self.likelihood.state_dict(),
         }
 
     def set_extra_state(self, state: dict) -> None:
@@ -1371,8 +1384,13 @@ class SubspaceModel(nn.Module):
         self.prior_std = float(state["prior_std"])
         self.variance_scale = float(state["variance_scale"])
         self.bn_buffers = state["bn_buffers"]
+        if state.get("likelihood") is not None:  # absent in states saved before issue 38
+            self.likelihood.load_state_dict(state["likelihood"])
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # a network that standardised its inputs: a freshly built one takes the statistics
+        if prefix + "module." + INPUT_LOC in state_dict:
+            attach_input_standardization(self.module)
         # the variational q exists only after fit_vi: build (or drop) it before loading
         loc = state_dict.get(prefix + "variational.loc")
         if loc is not None and self.variational is None:

@@ -162,6 +162,7 @@ class TrainingRecipe:
         max_deviations: int = 20,
         max_grad_norm: float | None = 10.0,
         momentum: float = 0.9,
+        standardize: bool | str = True,
         **kwargs: Any,
     ) -> TrajectoryCollector:
         """Run :func:`~gpext.subspace.train_sgd_trajectory` with this recipe.
@@ -175,6 +176,11 @@ class TrainingRecipe:
             max_grad_norm: Gradient clipping norm (10: the benchmark's safety net against a
                 heteroscedastic step that throws the weights into another basin).
             momentum: SGD momentum.
+            standardize: The data contract of
+                :func:`~gpext.subspace.train_sgd_trajectory` (default on: the network gets an
+                input standardisation and the likelihood a target transform fitted on ``x``
+                and ``y``, unless they have them; ``False``: the data as given;
+                ``"inputs"`` / ``"targets"``: only those).
             **kwargs: Passed on (``observers``, ``step_observers``, ``generator``,
                 ``show_progress``).
 
@@ -195,6 +201,7 @@ class TrainingRecipe:
             batch_size=self.batch_size,
             max_grad_norm=max_grad_norm,
             max_deviations=max_deviations,
+            standardize=standardize,
             **kwargs,
         )
 

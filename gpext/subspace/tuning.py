@@ -397,7 +397,10 @@ def select_noise_variance(
     which for one network (``S = 1``) is the closed form :math:`\frac1M\sum_i (y_i -
     \mu_{1,i})^2`; for ``S > 1`` a grid over :math:`\log\sigma^2` (steps of 0.5 from 8 below to
     1 above the log of the mean squared residual) refined by golden-section search. The result
-    is stored in ``likelihood.noise_variance``.
+    is stored in ``likelihood.noise_variance``.  With a target transform (the likelihood of a
+    network trained with ``standardize=True``) means, targets and :math:`\hat\sigma^2` are in
+    standardised units, as ``noise_variance`` and ``min_variance`` are, and the score in the
+    targets' units.
 
     ``x_val`` may be a loader of ``(x_b, y_b)`` batches with ``y_val=None``: it is read once
     (a one-shot iterator will do), every sample evaluated on each batch, and only the held-out
@@ -457,7 +460,12 @@ def _noise_selection(
             expected_got(f"{where}(y_val)", f"shape ({means.shape[-1]},), one target per row",
                          tuple(y_val.shape))
         )  # fmt: skip
-    var, score = _best_noise(means, y_val.to(means), likelihood.min_variance)
+    # in standardised units, as the likelihood's noise and floor; the score in the targets'
+    y_val = y_val.to(means)
+    var, score = _best_noise(likelihood.transform_targets(means),
+                             likelihood.transform_targets(y_val), likelihood.min_variance)  # fmt: skip
+    if likelihood.has_target_transform:
+        score -= math.log(likelihood.target_scale)
     likelihood.noise_variance = var
     return HyperparameterSelection(var, None, {var: score}, "noise_variance")
 

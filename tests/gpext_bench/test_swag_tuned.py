@@ -21,7 +21,7 @@ def test_swag_tuned_uses_the_validation_scale():
     assert scale == sel_run.swag_selection.value == ms.swag_scale(run, config)  # cached
     ref = select_swag_scale(
         sel_run.net, SWAG.from_trajectory(sel_run.trajectory), sel_run.val_x, sel_run.val_y,
-        ms._LIKELIHOOD, num_samples=30, generator=torch.Generator().manual_seed(config.seed),
+        sel_run.likelihood, num_samples=30, generator=torch.Generator().manual_seed(config.seed),
     )  # fmt: skip
     assert math.isclose(ref.value, scale)
     assert pred.mixture_means.shape == (30, split.num_test)
@@ -46,11 +46,13 @@ def test_homoscedastic_runs_and_methods():
     assert het.likelihood.kind == "heteroscedastic_gaussian"
     assert homo.likelihood.kind == "homoscedastic_gaussian" and isinstance(homo.net, MLP)
     assert homo.selection_run.likelihood is not homo.likelihood  # one learned noise per run
-    # the learned noise: the maximum-likelihood value at the SWA mean of the run
+    # the learned noise: the maximum-likelihood value at the SWA mean of the run (in the
+    # targets' units: target_noise_variance; noise_variance is in standardised units)
     with torch.no_grad():
         out = homo.trajectory.flat.functional_call(homo.trajectory.swa_weights(), homo.x)
-    assert math.isclose(homo.likelihood.noise_variance, float(((homo.y - out[:, 0]) ** 2).mean()),
-                        rel_tol=1e-5)  # fmt: skip
+        mean = homo.likelihood.mean_variance(out)[0]
+    assert math.isclose(homo.likelihood.target_noise_variance,
+                        float(((homo.y - mean) ** 2).mean()), rel_tol=1e-5)  # fmt: skip
     # both runs of the split stay cached; the registered methods find them
     assert ms.fit_subspace_run(split, config) is het
     assert ms.fit_subspace_run(split, config, likelihood=ms.HOMOSCEDASTIC) is homo
@@ -60,7 +62,7 @@ def test_homoscedastic_runs_and_methods():
         # a constant noise: every sample predicts the run's learned variance
         torch.testing.assert_close(
             pred.mixture_variances,
-            torch.full_like(pred.mixture_variances, homo.likelihood.noise_variance),
+            torch.full_like(pred.mixture_variances, homo.likelihood.target_noise_variance),
         )
     with pytest.raises(InputDataError, match="likelihood"):
         ms.fit_subspace_run(split, config, likelihood="student_t")

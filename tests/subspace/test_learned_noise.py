@@ -70,7 +70,8 @@ class TestLearnedNoiseInTraining:
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_frozen_network_learns_the_closed_form(self, dtype):
         # lr = 0: the network does not move, so the learned noise is exactly the MLE
-        # sigma^2 = mean squared residual of that network
+        # sigma^2 = mean squared residual of that network (in the targets' units:
+        # target_noise_variance; noise_variance is in the standardised units, issue 38)
         torch.manual_seed(0)
         x = torch.randn(37, 3, dtype=dtype)
         y = x[:, 0] + 0.1 * torch.randn(37, dtype=dtype)
@@ -79,8 +80,10 @@ class TestLearnedNoiseInTraining:
         with pytest.warns(Warning):  # a frozen random network explains nothing
             train_sgd_trajectory(net, x, y, lik, epochs=3, swa_start=1, lr=0.0, swa_lr=0.0)
         with torch.no_grad():
-            expected = float(((y - net(x)[:, 0]) ** 2).double().mean())
-        assert math.isclose(lik.noise_variance, expected, rel_tol=1e-6)
+            mean = lik.mean_variance(net(x))[0]
+            expected = float(((y - mean) ** 2).double().mean())
+        assert math.isclose(lik.target_noise_variance, expected, rel_tol=1e-6)
+        assert math.isclose(lik.noise_variance, expected / lik.target_scale**2, rel_tol=1e-6)
 
     def test_learned_noise_recovers_the_true_noise(self):
         torch.manual_seed(0)
@@ -92,20 +95,21 @@ class TestLearnedNoiseInTraining:
         traj = train_sgd_trajectory(
             net, x, y, lik, epochs=150, swa_start=100, lr=1e-2, generator=gen
         )
-        assert 0.02 < lik.noise_variance < 0.06  # true 0.04
+        assert 0.02 < lik.target_noise_variance < 0.06  # true 0.04, in the targets' units
         # the closed form at the SWA mean
         with torch.no_grad():
-            out = traj.flat.functional_call(traj.swa_weights(), x)
-            last = float(((y - net(x)[:, 0]) ** 2).mean())
-        assert math.isclose(lik.noise_variance, float(((y - out[:, 0]) ** 2).mean()))
-        assert lik.noise_variance != last
+            out = lik.mean_variance(traj.flat.functional_call(traj.swa_weights(), x))[0]
+            last = float(((y - lik.mean_variance(net(x))[0]) ** 2).mean())
+        assert math.isclose(lik.target_noise_variance, float(((y - out) ** 2).mean()))
+        assert lik.target_noise_variance != last
 
     def test_other_likelihoods_are_unchanged(self):
         torch.manual_seed(0)
         x, y = torch.randn(20, 2), torch.randn(20)
         fixed = OutputLikelihood("gaussian", noise_variance=0.5)
         train_sgd_trajectory(MLP(2, [4], 1), x, y, fixed, epochs=2, swa_start=1)
-        assert fixed.noise_variance == 0.5
+        # fixed in the targets' units (stored standardised since issue 38's target transform)
+        assert math.isclose(fixed.target_noise_variance, 0.5, rel_tol=1e-12)
         het = OutputLikelihood("heteroscedastic_gaussian")
         train_sgd_trajectory(HeteroscedasticMLP(2, [4]), x, y, het, epochs=2, swa_start=1)
         assert het.noise_variance == 1.0

@@ -15,6 +15,7 @@ from gpext.integrations.botorch._checks import check_query
 from gpext.integrations.botorch.prior_reversion import attach_prior_reversion
 from gpext.integrations.botorch.variance_calibration import cross_validated_variance_scale
 from gpext.integrations.botorch.weight_ensemble_surrogate import WeightEnsembleSurrogate
+from gpext.nn import standardize_inputs
 from gpext.subspace import (
     SWAG,
     BayesianLastLayer,
@@ -55,26 +56,46 @@ def _new_network(kind: str, d: int, hidden: Sequence[int], like: torch.Tensor, g
     return net.to(device=like.device, dtype=like.dtype)
 
 
-def _train(kind, recipe, x, y, hidden, generator, normalized=False):
-    """One network of ``kind`` trained with ``recipe``: ``(net, trajectory, likelihood)``."""
+def _train(kind, recipe, x, y, hidden, generator, normalized=False, standardize=True):
+    """One network of ``kind`` trained with ``recipe``: ``(net, trajectory, likelihood)``.
+
+    ``standardize`` (``True``, ``False``, ``"inputs"``, ``"targets"``): the data contract.  The
+    network maps its inputs to the unit cube of the design
+    (:func:`gpext.nn.standardize_inputs` with ``kind="unit_cube"``, BoTorch's ``Normalize``
+    learned on the data: the setting the recipe was validated in), and the likelihood maps its
+    outputs to the targets' units (:func:`~gpext.subspace.train_sgd_trajectory`)."""
     likelihood = OutputLikelihood(kind, min_variance=1e-6)
     net = _new_network(kind, x.shape[-1], hidden, x, generator, normalized)
+    if standardize in (True, "inputs"):
+        standardize_inputs(net, x, kind="unit_cube", name="fit_weight_ensemble")
     # learned noise scales the mean's gradient by 1 / sigma^2 as sigma^2 shrinks: clip it
     clip = MAX_GRAD_NORM if likelihood.learns_noise else None
+    targets = "targets" if standardize in (True, "targets") else False
     traj = recipe.train(net, x, y, likelihood, max_deviations=20, max_grad_norm=clip,
-                        generator=generator)  # fmt: skip
+                        generator=generator, standardize=targets)  # fmt: skip
     return net, traj, likelihood
+
+
+def _gaussian_like(lik: OutputLikelihood, noise: float) -> OutputLikelihood:
+    """A fixed-noise Gaussian likelihood (standardised ``noise``) with ``lik``'s target transform."""
+    out = OutputLikelihood("gaussian")
+    if lik.has_target_transform:
+        out.set_target_transform(lik.target_loc, lik.target_scale)
+    out.noise_variance = float(noise)  # standardised, as the last layer's evidence
+    return out
 
 
 def _evidence_last_layer(net, center, x, y, lik) -> tuple[BayesianLastLayer, str]:
     """The last layer's posterior at the body ``center``, precisions by the evidence; where
-    the evidence chose pure noise, the noise fixed at the one the network learned."""
+    the evidence chose pure noise, the noise fixed at the one the network learned.  Fitted on
+    the targets in the network's (standardised) units, as its last layer was trained."""
     FlatParameters(net).assign(center)
-    bll = BayesianLastLayer(net).fit(x, y)  # warns if the evidence chose pure noise
+    t = lik.transform_targets(y)
+    bll = BayesianLastLayer(net).fit(x, t)  # warns if the evidence chose pure noise
     if not bool(bll.collapsed):
         return bll, "evidence"
-    noise = max(lik.noise_variance, _MIN_NOISE_FRACTION * float(y.var()))
-    bll = BayesianLastLayer(net, noise_precision=1.0 / noise).fit(x, y)
+    noise = max(lik.noise_variance, _MIN_NOISE_FRACTION * float(t.var()))
+    bll = BayesianLastLayer(net, noise_precision=1.0 / noise).fit(x, t)
     return bll, "network (the evidence chose pure noise)"
 
 
@@ -85,14 +106,14 @@ def _conditional_last_layers(net, centers, blocks, x, y, lik, generator, selecti
     out, noises, alphas, how = [], [], [], []
     for center, block in zip(centers, blocks):
         bll, source = _evidence_last_layer(net, center, x, y, lik)
-        out.append(bll.sample_conditional(block, x, y, generator=generator))
+        out.append(bll.sample_conditional(block, x, lik.transform_targets(y), generator=generator))
         noises.append(bll.noise_variance)
         alphas.append(float(bll.prior_precision))
         how.append(source)
     selection["last_layer_noise"] = how[0] if len(how) == 1 else how
     selection["prior_precision"] = alphas[0] if len(alphas) == 1 else alphas
     noise = sum(noises) / len(noises)
-    return torch.cat(out), OutputLikelihood("gaussian", noise_variance=noise)
+    return torch.cat(out), _gaussian_like(lik, noise)
 
 
 def _swag_score(net, swag, likelihood, x_val, y_val, swag_scale, num_samples, generator):
@@ -136,6 +157,7 @@ def fit_weight_ensemble(
     bayesian_last_layer: bool | None = None,
     normalize_last_hidden: bool | None = None,
     prior_reversion: bool = True,
+    standardize: bool | str | None = None,
 ) -> WeightEnsembleSurrogate:
     r"""Train an MLP by SGD, build a weight posterior, return a BoTorch surrogate.
 
@@ -313,6 +335,20 @@ def fit_weight_ensemble(
             (``"last_layer"``, or ``bayesian_last_layer``).
         prior_reversion: With calibration of a regression network, combine the calibrated
             ensemble with the outcome's prior (above); ``False``: the calibrated ensemble alone.
+        standardize: The data contract (:func:`~gpext.subspace.train_sgd_trajectory`): every
+            network maps its inputs to the unit cube of its training rows
+            (:func:`gpext.nn.standardize_inputs` with ``kind="unit_cube"``, as BoTorch's
+            ``Normalize`` learned on the data; the protocol above was measured on designs
+            in the unit cube, where this is close to the identity) and its likelihood maps
+            its outputs to the targets' units (a target transform fitted on the training
+            targets), so the recipe's defaults hold whatever the units of ``train_X`` and
+            ``train_Y``.  ``None`` (default): the inputs unless
+            ``input_transform`` is given, the targets unless ``outcome_transform`` is given
+            (a BoTorch ``Normalize`` / ``Standardize`` then does it, not twice).  ``True``,
+            ``False`` (the data as given, after the BoTorch transforms), ``"inputs"`` or
+            ``"targets"`` decide it.  The Bayesian last layers are fitted to the targets in
+            the network's units, and ``fit_selection["noise_variance"]`` is in the
+            targets' units (after ``outcome_transform``).
 
     Returns:
         A :class:`WeightEnsembleSurrogate` in eval mode. Its ``fit_selection`` dictionary
@@ -402,6 +438,16 @@ def fit_weight_ensemble(
         raise InputDataError(
             expected_got("fit_weight_ensemble.recipes", "one or more TrainingRecipe", recipes)
         )
+    if not (standardize is None or isinstance(standardize, bool)
+            or standardize in ("inputs", "targets")):  # fmt: skip
+        raise InputDataError(
+            expected_got("fit_weight_ensemble.standardize",
+                         "None, True, False, 'inputs' or 'targets'", repr(standardize))
+        )  # fmt: skip
+    if standardize is None:
+        parts = (input_transform is None, outcome_transform is None)
+        standardize = {(True, True): True, (True, False): "inputs",
+                       (False, True): "targets", (False, False): False}[parts]  # fmt: skip
     x = train_X
     if input_transform is not None:
         input_transform.train()
@@ -444,7 +490,7 @@ def fit_weight_ensemble(
     for rname, recipe in recipes.items():
         for kind in kinds:
             net, traj, lik = _train(_KINDS[kind], recipe, x, y, hidden_features, generator,
-                                    normalize_last_hidden)  # fmt: skip
+                                    normalize_last_hidden, standardize)  # fmt: skip
             swag = SWAG.from_trajectory(traj)
             score, s = -math.inf, scale
             if x_val is not None:
@@ -481,6 +527,7 @@ def fit_weight_ensemble(
                         hidden_features,
                         generator,
                         normalize_last_hidden,
+                        standardize,
                     )[1]
                 )  # fmt: skip
                 for _ in range(runs - 1)
@@ -506,7 +553,7 @@ def fit_weight_ensemble(
             )
     elif method == "last_layer":
         bll, selection["last_layer_noise"] = _evidence_last_layer(net, traj.mean, x, y, lik)
-        lik = OutputLikelihood("gaussian", noise_variance=bll.noise_variance)
+        lik = _gaussian_like(lik, bll.noise_variance)
         model = WeightEnsembleSurrogate(
             net, bll.sample(num_samples, generator=generator), likelihood=lik, **kw
         )
@@ -537,7 +584,7 @@ def fit_weight_ensemble(
         else:
             model = WeightEnsembleSurrogate.from_subspace(sub, thetas, **kw)
     if lik.learns_noise or method == "last_layer" or conditional:
-        selection["noise_variance"] = lik.noise_variance
+        selection["noise_variance"] = lik.target_noise_variance
     model.variance_calibration = None
     if calibrate is None:
         calibrate = x_val is None
@@ -549,6 +596,7 @@ def fit_weight_ensemble(
             validation_fraction=0.0, likelihood=kind, swag_scale=scale,
             recipes={rname: recipes[rname]}, calibrate=False,
             bayesian_last_layer=bayesian_last_layer, normalize_last_hidden=normalize_last_hidden,
+            standardize=standardize,
         )  # fmt: skip
         seed = int(torch.randint(2**62, (1,), generator=generator))
         folds_done = [0]

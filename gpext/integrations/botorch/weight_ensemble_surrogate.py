@@ -267,6 +267,12 @@ class WeightEnsembleSurrogate(SampleEnsembleSurrogate):
             "WeightEnsembleSurrogate fit",
             "The adapter's own transforms are applied; give them to the constructor.",
         )
+        if "standardize" not in kwargs:  # the data contract, not twice: what the adapter's
+            # own transforms did to X and Y is not done again inside
+            parts = (getattr(self, "input_transform", None) is None,
+                     getattr(self, "outcome_transform", None) is None)  # fmt: skip
+            kwargs["standardize"] = {(True, True): True, (True, False): "inputs",
+                                     (False, True): "targets", (False, False): False}[parts]  # fmt: skip
         fitted = fit_weight_ensemble(X, Y, **kwargs)  # on the transformed data
         own = ("input_transform", "outcome_transform", "train_X", "train_Y", "_built_from_data")
         take_over_state(self, fitted, own)
