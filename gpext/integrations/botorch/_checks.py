@@ -12,11 +12,15 @@ __all__ = ["check_query", "model_dtype"]
 
 
 def _first_floating(module: torch.nn.Module | None) -> torch.Tensor | None:
-    """The first floating parameter or buffer of ``module`` (``None`` if it has none)."""
+    """The first non-empty floating parameter or buffer of ``module`` (``None`` if none).
+
+    Empty buffers (an unfitted :class:`gpext.fit.Standardizer`'s statistics) say nothing about
+    the model's dtype and are skipped.
+    """
     if module is None:
         return None
     tensors = itertools.chain(module.parameters(), module.buffers())
-    return next((t for t in tensors if t.is_floating_point()), None)
+    return next((t for t in tensors if t.is_floating_point() and t.numel() > 0), None)
 
 
 def model_dtype(module: torch.nn.Module | None) -> torch.dtype | None:
