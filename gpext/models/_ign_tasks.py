@@ -281,6 +281,14 @@ def _default_likelihood(cls, num_classes, dirichlet_transform):
         likelihood = DirichletTransformLikelihood(num_classes, transform.alpha_epsilon)
         likelihood.transform = transform  # the caller's object, as before
         return likelihood
+    if cls is _RegressionTask:
+        # the noise is learned on standardised targets (the data contract of
+        # gpext.fit.standardize); this likelihood adds s_y^2 sigma^2 to the original-unit
+        # latent that model(x) returns, so likelihood(model(x)) is the predictive of y.
+        # fit sets its target_scale; 1 (a plain GaussianLikelihood) until then
+        from gpext.fit import StandardizedGaussianLikelihood
+
+        return StandardizedGaussianLikelihood(torch.tensor(1.0))
     # probit tasks: Bernoulli(Phi(f)), so that likelihood(model(x)) is the predictive
     # Bernoulli(Phi(mu / sqrt(1 + sigma^2))) per point (per class for one_vs_all,
     # unnormalised); training uses the Laplace approximation of Eq. 5

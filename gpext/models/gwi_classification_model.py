@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.fit import Standardizer
 from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducing_indices
 from gpext.models.gwi_exact_prior import fit_exact_prior
 from gpext.models.gwi_model import GWIModel
@@ -64,6 +65,8 @@ class GWIClassificationModel(GWIModel):
         torch.Size([5, 3])
     """
 
+    _standardize_targets = False
+
     @classmethod
     def from_data(
         cls,
@@ -83,6 +86,7 @@ class GWIClassificationModel(GWIModel):
         inducing: str = "greedy",
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
+        standardize: bool = True,
     ):
         r"""Build a model: exact-GP prior on centred one-hot labels, ``Z`` = data points.
 
@@ -122,6 +126,10 @@ class GWIClassificationModel(GWIModel):
                 kernel) or ``"random"``.
             generator: Random generator.
             show_progress: Progress bar of the prior fit.
+            standardize: Standardise the inputs (default; :mod:`gpext.fit.standardize`):
+                column by column, or with one location and scale over all pixels when
+                ``image_shape`` is given; kept as ``model.standardizer``, and every method
+                takes inputs in the original units.  ``False``: the inputs are used as given.
 
         Returns:
             ``(model, likelihood)`` with a :class:`gpext.likelihoods.RobustMaxLikelihood`.
@@ -154,6 +162,12 @@ class GWIClassificationModel(GWIModel):
         check_finite(y, "GWIClassificationModel.from_data: y")
         y = check_labels(y, j, "GWIClassificationModel.from_data: y").to(x.device)
         n, d = x.shape
+        # the data contract: the inputs are standardised (one location and scale over all
+        # pixels for images), everything below lives on the standardised inputs
+        standardizer = Standardizer(targets=False, name=f"{cls.__name__}.from_data")
+        if standardize:
+            standardizer.fit(x if image_shape is None else x.reshape(n, *image_shape))
+            x = standardizer.transform_inputs(x)
         onehot = torch.nn.functional.one_hot(y, j).to(x) - 1.0 / j
         _, kernel, noise, prior_fit = fit_exact_prior(
             x, onehot, max_points=prior_points, steps=prior_steps, generator=generator,
@@ -185,6 +199,7 @@ class GWIClassificationModel(GWIModel):
         sub = x[torch.randperm(n, generator=generator)[:prior_points].to(x.device)]
         model.variational_strategy.initialize_from_data(sub, noise * sub.shape[0] / n)
         model.prior_fit_result = prior_fit
+        model.standardizer = standardizer.to(x.device)
         likelihood = RobustMaxLikelihood(j, epsilon=epsilon).to(x)
         return model, likelihood
 

@@ -14,11 +14,20 @@ likelihood is tempered, :math:`p_T(y_* \mid x_*) \propto p(y_* \mid x_*)^{1/T}` 
 predictive this multiplies its variance by :math:`T`; for class probabilities it is the usual
 temperature scaling).  This calibrates the spread of :math:`\mathbb Q`, which the fixed
 Nyström residual of :math:`r` keeps close to the prior's away from the inducing points.
+
+Data contract (:mod:`gpext.fit.standardize`): ``from_data`` fits a
+:class:`~gpext.fit.Standardizer` on the training data (inputs, and regression targets), and
+the prior, ``Z``, :math:`m_Q`, ``L`` and the likelihood's noise all live on the standardised
+data; ``fit``, ``predict``, ``predict_proba``, the temperature selection and ``model(x)``
+take and return the original units.  Budgets are counted in Adam steps (``MIN_STEPS``), and
+``fit`` ends with the shared held-out checks (:func:`gpext.fit.check_heldout`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 
 import gpytorch
 import torch
@@ -28,11 +37,15 @@ from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_go
 from gpext.fit import AUTO_VALIDATION_MIN_POINTS as _AUTO_VALIDATION_MIN_POINTS
 from gpext.fit import (
     FitResult,
+    Standardizer,
     TemperatureSelection,
+    check_heldout,
+    holdout_split,
     minibatch_indices,
     minimize_scalar_on_grid,
     train_loop,
 )
+from gpext.fit.exact_gp import OriginalUnitsMultivariateNormal
 from gpext.mlls import GWIObjective
 from gpext.mlls.gwi_objective import _check_beta
 from gpext.models.greedy_inducing_subset import greedy_inducing_subset
@@ -107,6 +120,75 @@ class GWIModel(gpytorch.models.ApproximateGP):
         self.covar_module = covar_module
         self.num_latents = num_latents
         self.register_buffer("temperature", torch.tensor(1.0))
+        #: The data transform (fitted by ``from_data``; unfitted, the identity: the model then
+        #: works on the data as given).  Everything inside (``Z``, the prior, ``m_Q``, ``L``,
+        #: the likelihood's noise) is in its standardised units.  In the state dict.
+        self.standardizer = Standardizer(
+            targets=self._standardize_targets, name=type(self).__name__
+        )
+
+    #: Whether the targets are standardised (regression) or only the inputs (classification).
+    _standardize_targets: bool = True
+    #: Whether the predictive is Gaussian (``predict``): the end-of-fit held-out checks apply.
+    _gaussian_predictive: bool = False
+    #: Fewest Adam steps of :meth:`fit`, whatever the number of rows and the minibatch size
+    #: (``epochs`` is raised to reach it; ``fit(min_steps=...)`` overrides it).  Q starts at
+    #: the sparse posterior of the prior, so it needs fewer steps than a network from scratch.
+    MIN_STEPS: int = 500
+    #: Share of the rows a fit without validation rows refits without, to calibrate its
+    #: temperature and check itself on them (:meth:`fit`).
+    REFIT_CHECK_FRACTION: float = 0.2
+
+    # ------------------------------------------------------------------ data contract
+    def __call__(self, x: torch.Tensor, prior: bool = False, **kwargs) -> MultivariateNormal:
+        r"""The variational posterior :math:`\mathbb Q` (or with ``prior=True`` the prior) at
+        inputs ``x`` in the original units.
+
+        The inputs are standardised first, and for regression the result is returned in the
+        targets' units: :math:`\mathcal N(\mu_y + s_y m,\ s_y^2 r)` (what ``predict`` uses,
+        the noise and temperature excluded); ``likelihood(model(x))`` with the likelihood of
+        ``from_data`` adds the noise in those units.
+        """
+        s = self.standardizer
+        if s.fitted and torch.is_tensor(x):
+            x = s.transform_inputs(x)
+        return self._untransform(self._q_std(x, prior=prior, **kwargs))
+
+    def _q_std(self, x: torch.Tensor, **kwargs) -> MultivariateNormal:
+        r""":math:`\mathbb Q` at standardised inputs, in standardised units (training)."""
+        return gpytorch.models.ApproximateGP.__call__(self, x, **kwargs)
+
+    def _targets_fitted(self) -> bool:
+        s = self.standardizer
+        return s.targets and s.fitted and s.y_loc.numel() > 0
+
+    def _untransform(self, mvn: MultivariateNormal) -> MultivariateNormal:
+        if not self._targets_fitted():
+            return mvn
+        # the variances of the standardised Q are kept (GPyTorch's absolute variance floor
+        # applies to them), and StandardizedGaussianLikelihood adds its noise to them
+        s = self.standardizer
+        return OriginalUnitsMultivariateNormal.wrap(
+            mvn, s.y_loc.to(mvn.mean).reshape(()), s.y_scale.to(mvn.mean).reshape(())
+        )
+
+    @property
+    def target_loc_scale(self) -> tuple[float, float]:
+        r""":math:`(\mu_y, s_y)` of the target standardisation (``(0, 1)`` without one)."""
+        if not self._targets_fitted():
+            return 0.0, 1.0
+        s = self.standardizer
+        return float(s.y_loc.reshape(-1)[0]), float(s.y_scale.reshape(-1)[0])
+
+    def _target_scale2(self) -> float:
+        """:math:`s_y^2` (1 without target standardisation)."""
+        return self.standardizer.target_scale**2 if self._targets_fitted() else 1.0
+
+    def _standardize_data(self, x: torch.Tensor, y: torch.Tensor):
+        s = self.standardizer
+        if not s.fitted:
+            return x, y
+        return s.transform_inputs(x), s.transform_targets(y)
 
     #: Smallest training set for which :meth:`fit` holds out 10% of the rows by default.
     AUTO_VALIDATION_MIN_POINTS: int = _AUTO_VALIDATION_MIN_POINTS
@@ -144,6 +226,8 @@ class GWIModel(gpytorch.models.ApproximateGP):
         patience: int | None = None,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
+        min_steps: int | None = None,
+        check_fit: bool = True,
     ) -> FitResult:
         r"""Minimise the GWI objective with Adam on minibatches (:func:`gpext.fit.train_loop`).
 
@@ -163,9 +247,9 @@ class GWIModel(gpytorch.models.ApproximateGP):
 
         Args:
             likelihood: Gaussian or robust-max likelihood (its parameters are trained too).
-            x: Training inputs. # shape: (N, D)
-            y: Training targets. # shape: (N,)
-            epochs: Passes over the data.
+            x: Training inputs, original units. # shape: (N, D)
+            y: Training targets, original units. # shape: (N,)
+            epochs: Passes over the data, at least (see ``min_steps``).
             batch_size: Minibatch size.
             lr: Adam learning rate.
             mean_lr: Adam learning rate of the parameters of the mean module :math:`m_Q`
@@ -181,8 +265,9 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 Such a hold-out only calibrates the temperature (no early stopping on it).  The model's frozen prior and inducing inputs, built
                 from all rows by ``from_data``, are kept; only ``Q`` is trained on the rest.
             calibrate: After training, pick the predictive temperature on the validation set
-                (:meth:`calibrate_temperature`).  ``None`` (default): whenever there is a
-                validation set.  Without one the temperature stays at its current value; with
+                (:meth:`calibrate_temperature`), or on the rows a refit left out (below).
+                ``None`` (default): whenever either is possible.  Without both the
+                temperature stays at its current value; with
                 the default ``T = 1`` the regression model counts the Nystrom residual twice
                 (see ``default_temperature_range``) and is under-confident: on boston splits 0-1 and concrete
                 split 0 with ``epochs=100`` every test point fell inside the central 95%
@@ -192,6 +277,28 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 train all ``epochs``).
             generator: Random generator for the shuffling.
             show_progress: Progress bar.
+
+            min_steps: At least this many Adam steps (``epochs`` is raised to
+                :math:`\lceil S / B\rceil` for ``B`` minibatches per epoch); ``None``:
+                :attr:`MIN_STEPS`, 0: ``epochs`` alone decides.  Early stopping does not stop
+                before it.
+            check_fit: Run the degenerate-fit checks on the training rows and, for
+                regression, the shared end-of-fit checks :func:`gpext.fit.check_heldout` on
+                the validation rows after the temperature calibration (or on the rows a refit
+                left out, see below): :math:`R^2 \le 0`, coverage of the central 95% interval
+                and the mean squared z-score.
+
+        Without validation rows (fewer than :attr:`AUTO_VALIDATION_MIN_POINTS` rows and no
+        ``x_val``; at least about 50), a copy of the model and likelihood as they were
+        before this call is fitted with the same arguments on a random 80% of the rows
+        (:attr:`REFIT_CHECK_FRACTION`); its temperature, selected on the other 20%, becomes
+        this model's (``calibrate``; recorded in ``temperature_calibration_``), and its
+        predictions there stand in for this model's in the checks.  The copy keeps the prior,
+        ``Z`` and the standardisation that ``from_data`` built from all rows, so these rows
+        are not wholly unseen.  Below 200 rows the temperature used to stay at 1: on a
+        151-row table the test NLL was 11.38 against the exact GP's 1.48 (predictive sd 0.12
+        against errors of 0.6), with no warning.  It doubles the cost of a small fit;
+        ``calibrate=False, check_fit=False`` skip it.
 
         Returns:
             A :class:`~gpext.fit.FitResult`: ``losses`` (per epoch, the mean minibatch negative
@@ -213,8 +320,15 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 training inputs.
             VarianceCollapseWarning: The regression model explains little of the training
                 targets' variance.
+            NoSignalWarning / OverconfidenceWarning / UnderconfidenceWarning: From the
+                held-out checks (regression, ``check_fit``).
+            ConvergenceWarning: The training loss is still clearly falling at the end of the
+                budget (:func:`gpext.fit.train_loop`).
         """
         epochs = check_positive_int(epochs, "epochs")
+        if min_steps is None:
+            min_steps = self.MIN_STEPS
+        min_steps = check_positive_int(min_steps, "min_steps", minimum=0)
         like = self.variational_strategy.inducing_points
         x = as_model_input(x, like, f"{type(self).__name__}.fit(x)")
         y = _as_targets(y, like)
@@ -264,13 +378,42 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 )
             check_rows(x_val, f"{type(self).__name__}.fit: x_val", num_features=like.shape[-1])
             y_val = self._check_targets(y_val, f"{type(self).__name__}.fit: y_val")
-        n_val = int(round(float(validation_fraction) * x.shape[0]))
+        n_all = x.shape[0]
+        n_val = int(round(float(validation_fraction) * n_all))
         if auto_split and n_val > 0:  # the temperature's relative sd is sqrt(2 / n_val)
-            n_val = max(n_val, min(self.AUTO_VALIDATION_MIN_ROWS, x.shape[0] // 4))
+            n_val = max(n_val, min(self.AUTO_VALIDATION_MIN_ROWS, n_all // 4))
+        # without validation rows a copy of the initial state is refitted on 80% of the rows
+        # at the end: its temperature on the other 20% is this model's, and its scores there
+        # check the fit (the prior, Z and the standardisation stay those built from all rows)
+        refit_rows = (
+            x_val is None
+            and n_val == 0
+            and n_all < self.AUTO_VALIDATION_MIN_POINTS
+            and (holdout_split(n_all, self.REFIT_CHECK_FRACTION, None) is not None)
+        )
+        if calibrate is None:
+            calibrate = x_val is not None or n_val > 0 or refit_rows
+        if calibrate and x_val is None and n_val == 0 and not refit_rows:
+            raise InputDataError(
+                expected_got(f"{type(self).__name__}.fit: calibrate",
+                             "False or None without validation data (validation_fraction=0 "
+                             f"and fewer than about {round(10 / self.REFIT_CHECK_FRACTION)} or "
+                             f"at least {self.AUTO_VALIDATION_MIN_POINTS} rows)", calibrate)
+            )  # fmt: skip
+        refit_copy = None
+        if refit_rows and (calibrate or (check_fit and self._gaussian_predictive)):
+            refit_copy = (copy.deepcopy(self), copy.deepcopy(likelihood))
+        refit_args = {
+            "epochs": epochs, "batch_size": batch_size, "lr": lr, "mean_lr": mean_lr,
+            "beta": beta, "min_steps": min_steps,
+        }  # fmt: skip
         if n_val > 0:
-            perm = torch.randperm(x.shape[0], generator=generator).to(x.device)
+            perm = torch.randperm(n_all, generator=generator).to(x.device)
             x_val, y_val = x[perm[:n_val]], y[perm[:n_val]]
             x, y = x[perm[n_val:]], y[perm[n_val:]]
+        # the model works on standardised data (the transform of from_data); x, y, x_val and
+        # y_val stay in the original units for the calibration and the checks
+        xs, ys = self._standardize_data(x, y)
         n = x.shape[0]
         mll = GWIObjective(likelihood, self, num_data=n, beta=beta)
         mean_ids = {id(p) for p in self.variational_strategy.mean_module.parameters()}
@@ -291,7 +434,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
                                      min_size=2)  # fmt: skip
 
         def loss_fn(idx: torch.Tensor) -> torch.Tensor:
-            loss = -mll(self(x[idx]), y[idx])
+            loss = -mll(self._q_std(xs[idx]), ys[idx])
             w2 = self.variational_strategy.kl_divergence().detach()
             w2_sums[-1] = w2_sums[-1] + w2.to(torch.float64).sum()
             w2_counts[-1] += 1
@@ -306,6 +449,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
             loss_fn, opt, modules=[self, likelihood], epochs=epochs, batches=batches,
             validation=validation, eval_every=eval_every, patience=patience,
             validate_initial=True, show_progress=show_progress, desc=f"{type(self).__name__}.fit",
+            min_steps=min_steps or None,
         )  # fmt: skip
         result.history["w2"] = [
             float(total) / count for total, count in zip(w2_sums, w2_counts) if count
@@ -313,17 +457,52 @@ class GWIModel(gpytorch.models.ApproximateGP):
         self.eval()
         likelihood.eval()
         self._fitted = True
-        if calibrate is None:
-            calibrate = x_val is not None
-        if calibrate:
-            if x_val is None:
-                raise InputDataError(
-                    expected_got(f"{type(self).__name__}.fit: calibrate",
-                                 "False or None without validation data", calibrate)
-                )  # fmt: skip
+        if calibrate and x_val is not None:
             self.calibrate_temperature(likelihood, x_val, y_val)
-        self._check_fit(likelihood, x, y, result)
+        held = None  # (mean, variance, targets, training mean, what) of rows not trained on
+        if x_val is not None and self._gaussian_predictive:
+            held = (*self.predict(likelihood, x_val), y_val, float(y.double().mean()),
+                    "validation rows")  # fmt: skip
+        elif refit_copy is not None:
+            held = self._refit_on_part(
+                *refit_copy, x, y, refit_args, calibrate, generator, show_progress
+            )
+        if check_fit:
+            self._check_fit(likelihood, x, y, result)
+            if held is not None:
+                mean, var, target, base, what = held
+                # stacklevel 2: check_heldout's own frame -> fit -> the caller of fit
+                self.heldout_check_ = check_heldout(
+                    mean, var, target, train_mean=base, name=f"{type(self).__name__}.fit",
+                    result=result, what=what,
+                )  # fmt: skip
         return result
+
+    def _refit_on_part(self, fresh, fresh_lik, x, y, fit_args, calibrate, generator, show):
+        """Fit the copy ``fresh`` of the initial state on 80% of the rows, pick its temperature
+        on the rest (and make it this model's when ``calibrate``); its predictions there
+        (``None`` without a Gaussian predictive or with too few rows)."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        split = holdout_split(x.shape[0], self.REFIT_CHECK_FRACTION,
+                              torch.Generator().manual_seed(seed))  # fmt: skip
+        if split is None:
+            return None
+        tr, te = (i.to(x.device) for i in split)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the copy's own checks: the caller reports
+            fresh.fit(fresh_lik, x[tr], y[tr], validation_fraction=0.0, calibrate=False,
+                      check_fit=False, show_progress=False,
+                      generator=torch.Generator().manual_seed(seed + 1), **fit_args)  # fmt: skip
+        if calibrate:
+            t = fresh.calibrate_temperature(fresh_lik, x[te], y[te])
+            self.temperature.fill_(t)
+            self.temperature_calibration_ = {"temperature": t, "num_points": int(te.numel()),
+                                             "method": "refit"}  # fmt: skip
+        if not self._gaussian_predictive:
+            return None
+        mean, var = fresh.predict(fresh_lik, x[te])
+        return (mean, var, y[te], float(y[tr].double().mean()),
+                "rows held out from a refit on the rest")  # fmt: skip
 
     def _check_targets(self, y: torch.Tensor, name: str) -> torch.Tensor:
         """Validate training / validation targets (finite values; subclasses add more)."""

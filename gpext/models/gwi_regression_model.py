@@ -20,7 +20,12 @@ import gpytorch
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.fit import check_explained_variance, check_predictions_vary
+from gpext.fit import (
+    StandardizedGaussianLikelihood,
+    Standardizer,
+    check_explained_variance,
+    check_predictions_vary,
+)
 from gpext.models._kernel_expansion_mean import _KernelExpansionMean
 from gpext.models.greedy_inducing_subset import _check_inducing_choice, _inducing_indices
 from gpext.models.gwi_exact_prior import fit_exact_prior
@@ -60,6 +65,7 @@ class GWIRegressionModel(GWIModel):
     #: because the learned noise absorbs the Nyström residual of ``r`` at the training points
     #: and ``r(x_*, x_*) + sigma^2`` then counts that residual twice.
     default_temperature_range: tuple[float, float] = (0.05, 100.0)
+    _gaussian_predictive = True
 
     @classmethod
     def from_data(
@@ -78,6 +84,7 @@ class GWIRegressionModel(GWIModel):
         adaptive_mean: bool = True,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
+        standardize: bool = True,
     ) -> tuple[GWIRegressionModel, gpytorch.likelihoods.GaussianLikelihood]:
         r"""Build a model as the GWI scripts do: exact-GP prior, ``Z`` = ``sqrt(N)`` data points.
 
@@ -121,9 +128,20 @@ class GWIRegressionModel(GWIModel):
                 :class:`~gpext.models._kernel_expansion_mean._KernelExpansionMean`).
             generator: Random generator (subsets, shuffling of the W2 subsamples).
             show_progress: Progress bar of the prior fit.
+            standardize: The data contract of :mod:`gpext.fit.standardize` (default on): a
+                :class:`~gpext.fit.Standardizer` fitted on ``(x, y)`` is kept as
+                ``model.standardizer`` (in the state dict); the prior (fitted by
+                :func:`~gpext.models.gwi_exact_prior.fit_exact_prior` on the standardised
+                data), ``Z``, :math:`m_Q`, ``L`` and the noise live on standardised inputs
+                and targets, and ``fit``, ``predict``, the temperature selection and
+                ``model(x)`` take and return the original units.  ``False``: the data are
+                used as given (the opt-out for data already on a unit scale).
 
         Returns:
-            ``(model, likelihood)``.
+            ``(model, likelihood)``; the likelihood is a
+            :class:`~gpext.fit.StandardizedGaussianLikelihood` (its noise on the standardised
+            targets; ``likelihood(model(x))`` is the predictive of ``y`` without the
+            temperature; :meth:`noise_variance` gives the noise in the targets' units).
 
         Raises:
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
@@ -149,6 +167,11 @@ class GWIRegressionModel(GWIModel):
         _check_inducing_choice(inducing)
         check_finite(y, "GWIRegressionModel.from_data: y")
         n = x.shape[0]
+        # the data contract: everything below lives on standardised inputs and targets
+        standardizer = Standardizer(name=f"{cls.__name__}.from_data")
+        if standardize:
+            standardizer.fit(x, y)
+            x, y = standardizer.transform_inputs(x), standardizer.transform_targets(y)
         prior_mean, kernel, noise, prior_fit = fit_exact_prior(
             x, y, max_points=prior_points, steps=prior_steps, generator=generator,
             show_progress=show_progress, return_result=True,
@@ -174,7 +197,10 @@ class GWIRegressionModel(GWIModel):
         if isinstance(model.variational_strategy.mean_module, _KernelExpansionMean):
             model.variational_strategy.mean_module.initialize_posterior(x, y, noise)
         model.prior_fit_result = prior_fit
-        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x)
+        model.standardizer = standardizer.to(x.device)
+        # the noise is learned on the standardised targets; likelihood(model(x)) adds it in
+        # the targets' units (model(x) is in those units)
+        likelihood = StandardizedGaussianLikelihood(torch.tensor(standardizer.target_scale)).to(x)
         # strictly above the constraint's bound: at the bound itself the raw (softplus)
         # parameter is -inf and the first optimiser step makes it NaN (yacht split 3: the prior
         # fit's noise hit 1e-4)
@@ -209,12 +235,18 @@ class GWIRegressionModel(GWIModel):
         )  # fmt: skip
         self.eval()
         means, variances = [], []
+        noise = likelihood.noise * self._target_scale2()
         with torch.no_grad():
             for xb in x.split(batch_size):
-                q = self(xb)
+                q = self(xb)  # in the original units
                 means.append(q.mean)
-                variances.append(self.temperature * (q.variance.clamp_min(0) + likelihood.noise))
+                variances.append(self.temperature * (q.variance.clamp_min(0) + noise))
         return torch.cat(means), torch.cat(variances)
+
+    def noise_variance(self, likelihood: gpytorch.likelihoods.GaussianLikelihood) -> torch.Tensor:
+        r"""The noise variance in the targets' units, :math:`s_y^2\sigma^2` (``likelihood.noise``
+        holds :math:`\sigma^2` on the standardised targets); the temperature not included."""
+        return likelihood.noise * self._target_scale2()
 
     #: Training points on which :meth:`fit` checks the predictions (an evenly spaced subset).
     check_points: int = 1000
@@ -237,13 +269,13 @@ class GWIRegressionModel(GWIModel):
         # stacklevel 4: _record -> check -> _check_fit -> fit -> the caller of fit
         check_predictions_vary(mean, y[idx], name=name, result=result, stacklevel=4)
         check_explained_variance(
-            mean, y[idx], float(likelihood.noise.detach().mean()), name=name, result=result,
-            stacklevel=4,
+            mean, y[idx], float(likelihood.noise.detach().mean()) * self._target_scale2(),
+            name=name, result=result, stacklevel=4,
         )  # fmt: skip
 
     def _predictive_cache(self, likelihood, x):
-        q = self(x)
-        return q.mean, q.variance.clamp_min(0) + likelihood.noise
+        q = self(x)  # in the original units
+        return q.mean, q.variance.clamp_min(0) + likelihood.noise * self._target_scale2()
 
     def _tempered_nll(self, cache, y, temperature: float) -> float:
         mean, var = cache

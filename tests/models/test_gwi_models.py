@@ -32,7 +32,16 @@ def test_regression_trains_predicts_and_calibrates(dtype):
     )
     assert model.covar_module.raw_outputscale.requires_grad is False  # prior frozen
     res = model.fit(
-        lik, xt, yt, epochs=25, batch_size=64, lr=3e-2, x_val=xv, y_val=yv, generator=gen
+        lik,
+        xt,
+        yt,
+        epochs=25,
+        batch_size=64,
+        lr=3e-2,
+        x_val=xv,
+        y_val=yv,
+        generator=gen,
+        min_steps=0,  # exactly 25 epochs (the default budget is MIN_STEPS steps)
     )
     assert isinstance(res, FitResult) and len(res.losses) == 25
     w2 = res.history["w2"]
@@ -75,7 +84,9 @@ def test_robust_max_classification_trains_on_toy_problem():
     )
     out = model(x[:5])
     assert out.batch_shape == (3,) and out.event_shape == (5,)
-    res = model.fit(lik, x[:150], y[:150], epochs=25, batch_size=64, lr=2e-2, generator=gen)
+    res = model.fit(
+        lik, x[:150], y[:150], epochs=25, batch_size=64, lr=2e-2, generator=gen, min_steps=0
+    )
     assert res.losses[-1] < res.losses[0] and len(res.history["w2"]) == 25
     t = model.calibrate_temperature(lik, x[150:], y[150:])
     probs = model.predict_proba(lik, x[150:])
@@ -100,7 +111,9 @@ def test_noise_at_the_constraint_bound_stays_trainable(monkeypatch):
     x, y, gen = _regression_data(torch.float64, n=60)
     model, lik = GWIRegressionModel.from_data(x, y, prior_steps=3, generator=gen)
     assert bool(torch.isfinite(lik.noise_covar.raw_noise).all())
-    res = model.fit(lik, x, y, epochs=2, batch_size=30, generator=gen)  # raised FitError before
+    res = model.fit(
+        lik, x, y, epochs=2, batch_size=30, generator=gen, min_steps=0
+    )  # FitError before
     assert res.losses and bool(torch.isfinite(lik.noise).all())
 
 
@@ -197,7 +210,7 @@ class TestGWIModelParts:
         start = model._validation_nll(lik, x[:20], y[:20], 1.0)
         res = model.fit(
             lik, x[20:], y[20:], epochs=4, batch_size=50, lr=0.5, x_val=x[:20], y_val=y[:20],
-            generator=gen,
+            generator=gen, min_steps=0,
         )  # fmt: skip
         assert res.validation_steps[0] == 0 and res.validation_losses[0] == pytest.approx(start)
         final = model._validation_nll(lik, x[:20], y[:20], 1.0)
@@ -208,10 +221,11 @@ class TestGWIModelParts:
     def test_regression_temperature_can_sharpen_below_half(self):
         x, y, gen = _regression_data(torch.float64, n=100, seed=self.seed)
         model, lik = GWIRegressionModel.from_data(x, y, num_inducing=10, prior_steps=20)
-        model.fit(lik, x, y, epochs=1, batch_size=100, lr=1e-3, generator=gen)
+        model.fit(lik, x, y, epochs=1, batch_size=100, lr=1e-3, generator=gen, min_steps=0)
         xv, yv, _ = _regression_data(torch.float64, n=60, seed=self.seed + 1)
+        _, s_y = model.target_loc_scale  # the likelihood's noise is on standardised targets
         with torch.no_grad():
-            lik.noise = 0.05  # five times the true noise variance 0.01
+            lik.noise = 0.05 / s_y**2  # five times the true noise variance 0.01
         t = model.calibrate_temperature(lik, xv, yv)
         with torch.no_grad():
             cache = model._predictive_cache(lik, xv)
@@ -294,7 +308,8 @@ class TestAdaptiveMeanAndMeanLearningRate:
         c0 = mean.centers.detach().clone()
         ls0 = mean.kernel.base_kernel.lengthscale.detach().clone()
         gen = torch.Generator().manual_seed(self.seed)
-        model.fit(lik, x, y, epochs=5, batch_size=40, lr=1e-2, mean_lr=5e-2, generator=gen)
+        model.fit(lik, x, y, epochs=5, batch_size=40, lr=1e-2, mean_lr=5e-2, generator=gen,
+                  min_steps=0)  # fmt: skip
         for k, v in model.covar_module.state_dict().items():
             torch.testing.assert_close(v, prior_state[k], rtol=0, atol=0)
         torch.testing.assert_close(model.variational_strategy.inducing_points, z)
@@ -317,7 +332,8 @@ class TestAdaptiveMeanAndMeanLearningRate:
                 model.variational_strategy._variational_distribution.chol_factor.detach().clone(),
                 lik.noise.detach().clone(),
             )
-            model.fit(lik, x, y, epochs=2, batch_size=50, lr=lr, mean_lr=mean_lr, generator=gen)
+            model.fit(lik, x, y, epochs=2, batch_size=50, lr=lr, mean_lr=mean_lr, generator=gen,
+                      min_steps=0)  # fmt: skip
             after = (
                 list(mean.parameters()),
                 model.variational_strategy._variational_distribution.chol_factor,
@@ -371,17 +387,20 @@ class TestKernelMeanExtrapolation:
             generator=gen,
         )  # fmt: skip
         mean = model.variational_strategy.mean_module
+        # the prior and m_Q live on the standardised data (the model's data contract)
+        zt = model.standardizer.transform_inputs(xt)
+        _, s_y = model.target_loc_scale
         ls = max(
             float(model.covar_module.base_kernel.lengthscale),
             float(mean.kernel.base_kernel.lengthscale),
         )
-        lo, hi = float(xt.min()), float(xt.max())
+        lo, hi = float(zt.min()), float(zt.max())
         far = torch.tensor(
             [[lo - 3 * ls], [lo - 4 * ls], [hi + 3 * ls], [hi + 4 * ls]], dtype=dtype
         )
         with torch.no_grad():
-            gap = (mean(far) - model.prior_mean(far)).abs()
-            near = (mean(xt) - yt).pow(2).mean().sqrt()
+            gap = s_y * (mean(far) - model.prior_mean(far)).abs()  # in the targets' units
+            near = (model.predict(lik, xt)[0] - yt).pow(2).mean().sqrt()
         # stated bound: within 0.25 of the prior mean (the data have amplitude 1, noise 0.15)
         assert float(gap.max()) < 0.25, gap
         assert float(near) < 0.3  # and the fit on the data is still good
@@ -461,7 +480,7 @@ class TestTrustworthyFits:
             model.fit(lik, x, y, epochs=1, x_val=x[5:10], y_val=bad_y[5:10])
         after = self._state(model, lik)
         assert all(torch.equal(a, b) for a, b in zip(before, after))
-        model.fit(lik, x, y, epochs=1, batch_size=40, generator=gen)
+        model.fit(lik, x, y, epochs=1, batch_size=40, generator=gen, min_steps=0)
         mean, var = model.predict(lik, x[:10])
         assert bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())
 
@@ -491,7 +510,8 @@ class TestTrustworthyFits:
             )
             # lr 0: the state does not move, so both fits see the same W2 (N_S >= N: no
             # subsampling) and differ only by beta
-            return model.fit(lik, x, y, epochs=1, batch_size=60, lr=0.0, mean_lr=0.0, beta=beta)
+            return model.fit(lik, x, y, epochs=1, batch_size=60, lr=0.0, mean_lr=0.0, beta=beta,
+                             min_steps=0)  # fmt: skip
 
         res0, res2 = fit(0.0), fit(2.0)
         w2 = res2.history["w2"][0]
@@ -511,7 +531,7 @@ class TestTrustworthyFits:
             generator=gen,
         )  # fmt: skip
         with pytest.warns(ConstantPredictionWarning, match="nearly constant"):
-            res = model.fit(lik, x, y, epochs=2, batch_size=40, generator=gen)
+            res = model.fit(lik, x, y, epochs=2, batch_size=40, generator=gen, min_steps=0)
         assert "ConstantPredictionWarning" in res.problems
         assert "VarianceCollapseWarning" in res.problems and not res.ok
 
@@ -585,10 +605,20 @@ class TestDefaultCalibration:
         assert 0.88 <= cover <= 0.99
 
     def test_small_data_and_option_errors(self):
+        # below 200 rows nothing is held out: the temperature comes from a refit on 80% of the
+        # rows, picked on the other 20% (it stayed at 1 before: 43% test coverage here)
         x, y = self._data(120, 1)
         model, lik = GWIRegressionModel.from_data(x, y, generator=torch.Generator().manual_seed(0))
         model.fit(lik, x, y, epochs=2, generator=torch.Generator().manual_seed(0))
-        assert float(model.temperature) == 1.0  # below 200 rows nothing is held out
+        calibration = model.temperature_calibration_
+        assert calibration["method"] == "refit" and calibration["num_points"] == 24
+        assert float(model.temperature) == pytest.approx(calibration["temperature"])
+        xt, yt = self._data(2000, 10)
+        mean, var = model.predict(lik, xt)
+        cover = float(((yt - mean).abs() <= 1.96 * var.sqrt()).double().mean())
+        assert 0.8 <= cover <= 0.99
+        x, y = self._data(40, 1)  # too few rows for a refit on 80%
+        model, lik = GWIRegressionModel.from_data(x, y, generator=torch.Generator().manual_seed(0))
         with pytest.raises(InputDataError, match="calibrate"):
             model.fit(lik, x, y, epochs=1, calibrate=True)
         with pytest.raises(InputDataError, match="validation_fraction"):

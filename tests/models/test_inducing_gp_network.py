@@ -131,7 +131,9 @@ class TestInducingGPNetworkRegression:
         b.load_state_dict(a.state_dict())  # loading a state dict marks b as fitted
         x = torch.randn(5, 2, dtype=torch.float64)
         torch.testing.assert_close(a.predict(x)[0], b.predict(x)[0])
-        torch.testing.assert_close(a.features(x), a.embedding(2.0 * x))
+        # the network's features of the transformed inputs, then the inputs it saw appended
+        # (input_augmented, the default for vector inputs)
+        torch.testing.assert_close(a.features(x), torch.cat([a.embedding(2.0 * x), 2.0 * x], -1))
 
     def test_set_inputs(self):
         """Variable-size sets through the SetEncoder: the label is the mean of the elements."""
@@ -195,7 +197,7 @@ class TestInducingGPNetworkFitOptions:
         model.fit(
             x, y, epochs=6, batch_size=50, lr=2e-2, validation_fraction=0.25,
             generator=torch.Generator().manual_seed(5), refit_pseudo_labels=False,
-            calibrate_noise=False,
+            calibrate_noise=False, min_steps=0,  # exactly 6 epochs
         )  # fmt: skip
         assert len(model.validation_history_) == 6
         # the hold-out is the first randperm drawn from the generator
@@ -389,13 +391,14 @@ class TestNoiseCalibration:
         x, y = self._overfit_data()
         torch.manual_seed(0)
         old = InducingGPNetwork(MLP(4, [64, 64], 8), num_inducing=32).double()
-        old.fit(x, y, epochs=200, validation_fraction=0.0,
+        # no hold-out and no calibration (the refit on 80% calibrates by default now)
+        old.fit(x, y, epochs=200, validation_fraction=0.0, calibrate_noise=False,
                 generator=torch.Generator().manual_seed(0))  # fmt: skip
         torch.manual_seed(0)
         new = InducingGPNetwork(MLP(4, [64, 64], 8), num_inducing=32).double()
         new.fit(x, y, epochs=200, generator=torch.Generator().manual_seed(0))
         assert new.noise_calibration_["num_points"] == 40
-        assert float(old.likelihood.noise) < 0.25 / 2  # the truth is 0.25
+        assert old.noise_variance < 0.25 / 2  # the truth is 0.25
         xt, yt = self._overfit_data(n=2000, seed=1)
         cover = {}
         for name, model in (("old", old), ("new", new)):
@@ -410,8 +413,8 @@ class TestNoiseCalibration:
         x, y = self._overfit_data(n=300)
         torch.manual_seed(0)
         model = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16).double()
-        model.fit(x[:250], y[:250], epochs=20, validation_fraction=0.0,
-                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+        model.fit(x[:250], y[:250], epochs=20, validation_fraction=0.0, min_steps=0,
+                  calibrate_noise=False, generator=torch.Generator().manual_seed(0))  # fmt: skip
         mean, var = model.predict(x[250:], include_noise=False)
         r2, s = ((y[250:] - mean) ** 2).numpy(), var.numpy()
 
@@ -422,16 +425,24 @@ class TestNoiseCalibration:
         ref = minimize_scalar(nll, bounds=(-20, 5), method="bounded", options={"xatol": 1e-10})
         got = model.calibrate_noise(x[250:], y[250:], allow_decrease=True)
         np.testing.assert_allclose(np.log(got), ref.x, atol=1e-5)
-        # by default the noise is only raised
+        # by default the noise is only raised (likelihood.noise is on standardised targets,
+        # the returned value in the targets' units)
+        _, s_y = model.target_loc_scale
         with torch.no_grad():
-            model.likelihood.noise = 4 * got
+            model.likelihood.noise = 4 * got / s_y**2
         assert model.calibrate_noise(x[250:], y[250:]) == pytest.approx(4 * got, rel=1e-6)
 
     def test_small_data_keeps_every_row_and_errors(self):
         x, y = self._overfit_data(n=100)
         model = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16).double()
-        res = model.fit(x, y, epochs=2, generator=torch.Generator().manual_seed(0))
+        res = model.fit(x, y, epochs=2, generator=torch.Generator().manual_seed(0), min_steps=0)
         assert res.validation_losses == []
+        # every row is trained on; the noise is calibrated on 20% left out of a refit
+        assert model.noise_calibration_["method"] == "refit"
+        assert model.noise_calibration_["num_points"] == 20
+        x, y = x[:40], y[:40]  # too few rows for a refit on 80%
+        model = InducingGPNetwork(MLP(4, [16], 4), num_inducing=16).double()
+        model.fit(x, y, epochs=2, min_steps=0)
         assert not hasattr(model, "noise_calibration_")
         with pytest.raises(InputDataError, match="calibrate_noise"):
             model.fit(x, y, epochs=2, calibrate_noise=True)
@@ -472,7 +483,7 @@ class TestProbitLikelihoodObject:
         y = (x[:, 0] > 0).long()
         model = InducingGPNetwork(MLP(2, [16], 2), num_inducing=8, task="binary").double()
         assert isinstance(model.likelihood, gpytorch.likelihoods.BernoulliLikelihood)
-        model.fit(x, y, epochs=3, batch_size=40, generator=g)
+        model.fit(x, y, epochs=3, batch_size=40, generator=g, min_steps=0)
         with torch.no_grad():
             probs = model.likelihood(model(x[:6])).probs
         torch.testing.assert_close(probs, model.predict_proba(x[:6])[:, 1])
@@ -480,7 +491,7 @@ class TestProbitLikelihoodObject:
         ova = InducingGPNetwork(
             MLP(2, [16], 3), num_inducing=6, task="one_vs_all", num_classes=3
         ).double()
-        ova.fit(x, y3, epochs=2, batch_size=40, generator=g)
+        ova.fit(x, y3, epochs=2, batch_size=40, generator=g, min_steps=0)
         with torch.no_grad():
             per_class = ova.likelihood(ova(x[:5])).probs  # shape: (C, N), unnormalised
             mean, var = ova.predict(x[:5])

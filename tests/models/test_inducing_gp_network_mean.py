@@ -10,6 +10,7 @@ import torch
 from gpytorch.test.model_test_case import BaseModelTestCase
 
 from gpext.errors import InputTypeError, ShapeError
+from gpext.fit import StandardizedGaussianLikelihood
 from gpext.models import InducingGPNetwork
 from gpext.nn import MLP
 
@@ -64,10 +65,13 @@ class TestConstantMeanShift:
         on y + c equals the zero-mean fit on y, shifted by c."""
         c = 3.5
         x, y = _data(dtype=dtype)
-        kwargs = {"epochs": 8, "batch_size": 40, "lr": 5e-3, "validation_fraction": 0.2}
-        zero = _model(dtype=dtype)
+        kwargs = {"epochs": 8, "batch_size": 40, "lr": 5e-3, "validation_fraction": 0.2,
+                  "min_steps": 0}  # fmt: skip
+        # on the data as given: with the (default) standardisation the prior mean is in the
+        # standardised units, and y + c is standardised to the same targets as y
+        zero = _model(dtype=dtype, standardize=False)
         zero.fit(x, y, generator=torch.Generator().manual_seed(1), **kwargs)
-        shifted = _model(_fixed_constant(c), dtype=dtype)
+        shifted = _model(_fixed_constant(c), dtype=dtype, standardize=False)
         shifted.fit(x, y + c, generator=torch.Generator().manual_seed(1), **kwargs)
         assert shifted.noise_calibration_ is not None
         assert float(shifted.mean_module.constant) == c  # fixed
@@ -106,7 +110,7 @@ class TestLinearMeanOnFeatures:
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_forward_predict_and_loss_use_the_mean_of_the_features(self, dtype):
         x, y = _data(dtype=dtype)
-        model = _model(gpytorch.means.LinearMean(3), dtype=dtype)
+        model = _model(gpytorch.means.LinearMean(5), dtype=dtype)  # 3 features + 2 inputs
         with torch.no_grad():
             model.mean_module.weights.normal_()
             model.mean_module.bias.fill_(0.7)
@@ -134,7 +138,7 @@ class TestLinearMeanOnFeatures:
 
     def test_refit_is_the_weighted_least_squares_of_the_residuals(self):
         x, y = _data()
-        model = _model(gpytorch.means.LinearMean(3))
+        model = _model(gpytorch.means.LinearMean(5))  # 3 network features + 2 appended inputs
         with torch.no_grad():
             model.mean_module.weights.normal_()
             model.likelihood.noise = 0.05
@@ -146,7 +150,8 @@ class TestLinearMeanOnFeatures:
             kgz = k(g, z).to_dense().numpy()
             a = np.linalg.solve(kzz, kgz.T).T  # shape: (N, m)
             w = 1.0 / (k(g, diag=True).numpy() - (a * kgz).sum(-1) + 0.05)
-            resid = (y - model.mean_module(g)).numpy()
+            # the targets as the model sees them (standardised by initialize)
+            resid = (model.standardizer.transform_targets(y) - model.mean_module(g)).numpy()
             mz = model.mean_module(z).numpy()
         ref = np.linalg.solve((a * w[:, None]).T @ a, a.T @ (w * resid)) + mz
         np.testing.assert_allclose(r.numpy(), ref, rtol=1e-5, atol=1e-6)
@@ -158,16 +163,16 @@ class TestLinearMeanOnFeatures:
         gen = torch.Generator().manual_seed(0)
         x = torch.rand(240, 2, generator=gen, dtype=torch.float64) * 4 - 2
         y = 2.0 * x[:, 0] - x[:, 1] + 0.05 * torch.randn(240, generator=gen, dtype=torch.float64)
-        model = _model(gpytorch.means.LinearMean(3))
+        model = _model(gpytorch.means.LinearMean(5))
         before = model.mean_module.weights.detach().clone()
-        model.fit(x, y, epochs=30, batch_size=60, lr=5e-3, generator=gen)
+        model.fit(x, y, epochs=30, batch_size=60, lr=5e-3, generator=gen, min_steps=0)
         assert not torch.equal(model.mean_module.weights.detach(), before)
         mean, _ = model.predict(x)
         assert float((mean - y).pow(2).mean()) < 0.05 * float(y.var())
         buf = io.BytesIO()
         torch.save(model.state_dict(), buf)
         buf.seek(0)
-        fresh = _model(gpytorch.means.LinearMean(3), seed=123)
+        fresh = _model(gpytorch.means.LinearMean(5), seed=123)
         fresh.load_state_dict(torch.load(buf, weights_only=True))
         torch.testing.assert_close(fresh.predict(x[:11]), model.predict(x[:11]), rtol=0, atol=0)
 
@@ -219,7 +224,7 @@ class TestMeanErrors:
         with pytest.raises(InputTypeError, match="gpytorch.means.Mean"):
             _model(torch.nn.Linear(3, 1))
         with pytest.raises(ShapeError, match="feature dimension"):
-            _model(gpytorch.means.LinearMean(5))  # features have 3 columns
+            _model(gpytorch.means.LinearMean(3))  # features have 3 + 2 (appended) columns
         with pytest.raises(ShapeError, match="batch shape"):
             _model(gpytorch.means.ConstantMean(batch_shape=torch.Size([4])), task="dirichlet",
                    num_classes=3)  # fmt: skip
@@ -244,7 +249,9 @@ class TestIGNModelTestCase(BaseModelTestCase, unittest.TestCase):
         return torch.randn(50, 2)
 
     def create_likelihood_and_labels(self):
-        return gpytorch.likelihoods.GaussianLikelihood(), torch.randn(50)
+        # the noise is learned on standardised targets: this likelihood adds it in the units
+        # of model(x) (a plain GaussianLikelihood would add it unscaled)
+        return StandardizedGaussianLikelihood(torch.tensor(1.0)), torch.randn(50)
 
     def create_batch_test_data(self, batch_shape=torch.Size([3])):  # noqa: B008 (the base's signature)
         return torch.randn(*batch_shape, 50, 2)

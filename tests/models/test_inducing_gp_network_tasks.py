@@ -108,7 +108,9 @@ class TestLikelihoodOfModel:
         x, _ = _data()
         y = torch.sin(x[:, 0])
         model = _net()
-        model.fit(x, y, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0))
+        model.fit(
+            x, y, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0), min_steps=0
+        )
         with torch.no_grad():
             pred = model.likelihood(model(x[:7]))
         mean, var = model.predict(x[:7])
@@ -120,8 +122,9 @@ class TestLikelihoodOfModel:
         for task, labels, classes in (("binary", y % 2, None), ("one_vs_all", y, 3)):
             model = _net(task=task, num_classes=classes)
             model.fit(
-                x, labels, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0)
-            )
+                x, labels, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0),
+                min_steps=0,
+            )  # fmt: skip
             with torch.no_grad():
                 probs = model.likelihood(model(x[:5])).probs
             mean, var = model.predict(x[:5])
@@ -130,7 +133,9 @@ class TestLikelihoodOfModel:
     def test_dirichlet(self):
         x, y = _data()
         model = _net(task="dirichlet", num_classes=3)
-        model.fit(x, y, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0))
+        model.fit(
+            x, y, epochs=2, batch_size=30, generator=torch.Generator().manual_seed(0), min_steps=0
+        )
         with torch.no_grad():
             latent = model(x[:5])
             marginal = model.likelihood(latent, labels=y[:5])  # transformed targets

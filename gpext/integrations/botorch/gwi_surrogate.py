@@ -215,15 +215,20 @@ class GWISurrogate(LatentGPSurrogate):
         self.model._check_fitted()
         self.model.eval()
         strategy = self.model.variational_strategy
+        # the model lives on standardised inputs and targets: draws are mu_y + s_y f(z(x))
+        s = self.model.standardizer
+        to_z = s.transform_inputs if s.fitted else (lambda x: x)
+        loc, scale = self.model.target_loc_scale
         return InducingPointPath(
             self.model.covar_module,
             strategy.inducing_points,
             sample_shape=sample_shape,
             num_features=num_features,
             jitter=float(strategy.jitter_val),
-            mean=strategy.mean_module,
+            features=to_z,
+            mean=lambda x: loc + scale * strategy.mean_module(to_z(x)),
             lower=strategy._variational_distribution.lower,
-            scale=float(self.model.temperature) ** 0.5,
+            scale=scale * float(self.model.temperature) ** 0.5,
             generator=generator,
         )
 
@@ -231,7 +236,9 @@ class GWISurrogate(LatentGPSurrogate):
         self._check_built()
         if self._classifier:
             return None
-        return (self.model.temperature * self.likelihood.noise).to(X).reshape(1, 1)
+        # in the targets' units (the likelihood holds it on the standardised targets)
+        noise = self.model.noise_variance(self.likelihood)
+        return (self.model.temperature * noise).to(X).reshape(1, 1)
 
     def _fit_wrapped(self, X: torch.Tensor, Y: torch.Tensor, **kwargs: Any) -> None:
         from_data = kwargs.pop("from_data", None)

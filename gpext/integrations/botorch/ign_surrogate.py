@@ -159,6 +159,8 @@ class IGNSurrogate(LatentGPSurrogate):
             net = MLP(d, tuple(hidden_features), feature_dim)
             embedding = InputAugmentedEmbedding(net, in_features=d) if input_augmented else net
         m = min(check_positive_int(num_inducing, "IGNSurrogate.construct_inputs(num_inducing)"), n)
+        if not input_augmented:  # the network's own default appends the inputs
+            ign_kwargs = {"input_augmented": False, **ign_kwargs}
         model = InducingGPNetwork(embedding, num_inducing=m, **ign_kwargs).to(X)
         return {"model": model, "train_X": X, "train_Y": Y}
 
@@ -217,7 +219,8 @@ class IGNSurrogate(LatentGPSurrogate):
     def _noise_variance(self, X: torch.Tensor) -> torch.Tensor | None:
         if self.model.task != "regression":
             return None
-        return self.model.likelihood.noise.to(X).reshape(1, 1)
+        # in the targets' units (the likelihood holds it on the standardised targets)
+        return torch.as_tensor(self.model.noise_variance).to(X).reshape(1, 1)
 
     def _latent_paths(
         self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None
@@ -229,6 +232,9 @@ class IGNSurrogate(LatentGPSurrogate):
 
         self.model.eval()
         gp = self.model.gp
+        # the network's GP is on standardised targets: draws are mu_y + s_y f (features()
+        # standardises the inputs itself)
+        loc, scale = self.model.target_loc_scale
         return InducingPointPath(
             gp.covar_module,
             gp.inducing_points,
@@ -236,7 +242,9 @@ class IGNSurrogate(LatentGPSurrogate):
             num_features=num_features,
             jitter=gp._jitter(gp.inducing_points.dtype),
             features=self.model.features,
-            targets=gp.pseudo_labels(),
+            mean=None if loc == 0.0 else (lambda x: x.new_full(x.shape[:-1], loc)),
+            targets=scale * gp.pseudo_labels(),
+            scale=scale,
             generator=generator,
         )
 
