@@ -882,6 +882,8 @@ class InducingGPNetwork(gpytorch.Module):
             and n_val == 0
             and n_all < self.AUTO_VALIDATION_MIN_POINTS
             and (holdout_split(n_all, self.REFIT_CHECK_FRACTION, None) is not None)
+            # the copy initialises its inducing points from its own rows
+            and n_all - round(self.REFIT_CHECK_FRACTION * n_all) >= self.gp.num_inducing
         )
         if calibrate_noise and (not regression or (n_val == 0 and not refit_rows)):
             raise InputDataError(

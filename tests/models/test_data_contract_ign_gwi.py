@@ -326,3 +326,17 @@ class TestGWIDataContract:
             probs.append(model.predict_proba(lik, x * factor))
         torch.testing.assert_close(probs[1], probs[0], rtol=1e-5, atol=1e-6)
         assert float((probs[1].argmax(-1) == y).double().mean()) >= 0.9
+
+
+def test_ign_small_table_with_many_inducing_points_fits():
+    """76 rows and 64 inducing points: the 80% refit copy would hold only 61 rows (it raised
+    after the whole budget); the refit check is skipped instead."""
+    from gpext.models import InducingGPNetwork
+    from gpext.nn import MLP
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(76, 7, generator=g, dtype=torch.float64)
+    model = InducingGPNetwork(MLP(7, [16], 8), num_inducing=64).double()
+    res = model.fit(x, x[:, 0], min_steps=50, generator=g)
+    assert res.num_evaluations >= 50
+    assert model.predict(x[:3])[0].shape == (3,)
