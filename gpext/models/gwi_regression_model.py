@@ -200,7 +200,9 @@ class GWIRegressionModel(GWIModel):
         model.standardizer = standardizer.to(x.device)
         # the noise is learned on the standardised targets; likelihood(model(x)) adds it in
         # the targets' units (model(x) is in those units)
-        likelihood = StandardizedGaussianLikelihood(torch.tensor(standardizer.target_scale)).to(x)
+        likelihood = StandardizedGaussianLikelihood(
+            torch.tensor(standardizer.target_scale, dtype=torch.float64)
+        ).to(x)
         # strictly above the constraint's bound: at the bound itself the raw (softplus)
         # parameter is -inf and the first optimiser step makes it NaN (yacht split 3: the prior
         # fit's noise hit 1e-4)

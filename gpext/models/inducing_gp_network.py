@@ -507,7 +507,9 @@ class InducingGPNetwork(gpytorch.Module):
             s.inputs = True
         lik = self.likelihood
         if isinstance(lik, StandardizedGaussianLikelihood):
-            lik.target_scale = torch.as_tensor(s.target_scale).to(lik.target_scale)
+            lik.target_scale = torch.as_tensor(s.target_scale, dtype=torch.float64).to(
+                lik.target_scale
+            )
 
     # ------------------------------------------------------------------ objective (Eq. 5)
     def _check_x(self, x: torch.Tensor, name: str) -> torch.Tensor:
