@@ -188,6 +188,9 @@ class Table:
     class_names: list[str] | None = None
     test_only: np.ndarray | None = None  # (N,) bool: rows always in the test set (gaps)
     scaled: tuple[str, ...] = ()
+    #: Warnings raised while loading and converting the table (pandas dtype notes, ...):
+    #: recorded in the results' table list, not shown.
+    load_warnings: list[str] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -204,6 +207,8 @@ class Table:
             out["classes"] = self.num_classes
         if self.scaled:
             out["scaled_copies"] = list(self.scaled)
+        if self.load_warnings:
+            out["load_warnings"] = list(self.load_warnings)
         return out
 
 
@@ -382,18 +387,22 @@ def select_package_tables(
             if not wanted:
                 continue
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+                with warnings.catch_warnings(record=True) as loading:
+                    warnings.simplefilter("always")
                     df = load()
             except Exception:  # noqa: BLE001 - an unreadable table is not taken
                 continue
             looked += 1
             for task, out, _ in wanted:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+                with warnings.catch_warnings(record=True) as converting:
+                    warnings.simplefilter("always")
                     table = _frame_table(name, package, task, df)
                 if isinstance(table, str) or _fingerprint(table) in seen:
                     continue
+                table.load_warnings = [
+                    f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"
+                    for w in [*loading, *converting]
+                ]
                 seen.add(_fingerprint(table))
                 per_package[(package, task)] = per_package.get((package, task), 0) + 1
                 out.append(table)
