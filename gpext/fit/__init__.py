@@ -45,6 +45,7 @@ from gpext.fit.checks import (
     exact_gp_loo,
     holdout_refit_check,
     holdout_split,
+    refit_split,
 )
 from gpext.fit.diagnostics import (
     AUTO_VALIDATION_MIN_POINTS,
@@ -82,6 +83,7 @@ __all__ = [
     "exact_gp_loo",
     "holdout_refit_check",
     "holdout_split",
+    "refit_split",
     "still_improving",
     "EVALUATION_ERRORS",
     "ConstantPredictionWarning",

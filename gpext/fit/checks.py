@@ -39,6 +39,7 @@ __all__ = [
     "check_heldout",
     "exact_gp_loo",
     "holdout_refit_check",
+    "refit_split",
     "holdout_split",
 ]
 
@@ -167,6 +168,26 @@ def holdout_split(
         return None
     perm = torch.randperm(n, generator=generator)
     return perm[n_out:], perm[:n_out]
+
+
+def refit_split(
+    n: int, fraction: float, generator: torch.Generator | None, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Generator] | None:
+    """Indices for a small-table refit check, and a generator for the copy's own fit.
+
+    One draw from ``generator`` seeds both the (train, held-out) split of
+    :func:`holdout_split` and the copy's fit, so a seeded fit and its check are reproducible.
+
+    Returns:
+        ``(train, held_out, copy_generator)`` on ``device``, or ``None`` when there are too
+        few rows for a split.
+    """
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    split = holdout_split(n, fraction, torch.Generator().manual_seed(seed))
+    if split is None:
+        return None
+    tr, te = (i.to(device) for i in split)
+    return tr, te, torch.Generator().manual_seed(seed + 1)
 
 
 def holdout_refit_check(

@@ -43,6 +43,7 @@ from gpext.fit import (
     holdout_split,
     minibatch_indices,
     minimize_scalar_on_grid,
+    refit_split,
     train_loop,
 )
 from gpext.fit.exact_gp import OriginalUnitsMultivariateNormal
@@ -482,17 +483,15 @@ class GWIModel(gpytorch.models.ApproximateGP):
         """Fit the copy ``fresh`` of the initial state on 80% of the rows, pick its temperature
         on the rest (and make it this model's when ``calibrate``); its predictions there
         (``None`` without a Gaussian predictive or with too few rows)."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        split = holdout_split(x.shape[0], self.REFIT_CHECK_FRACTION,
-                              torch.Generator().manual_seed(seed))  # fmt: skip
+        split = refit_split(x.shape[0], self.REFIT_CHECK_FRACTION, generator, x.device)
         if split is None:
             return None
-        tr, te = (i.to(x.device) for i in split)
+        tr, te, copy_generator = split
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the copy's own checks: the caller reports
             fresh.fit(fresh_lik, x[tr], y[tr], validation_fraction=0.0, calibrate=False,
                       check_fit=False, show_progress=False,
-                      generator=torch.Generator().manual_seed(seed + 1), **fit_args)  # fmt: skip
+                      generator=copy_generator, **fit_args)  # fmt: skip
         if calibrate:
             t = fresh.calibrate_temperature(fresh_lik, x[te], y[te])
             self.temperature.fill_(t)

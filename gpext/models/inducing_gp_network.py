@@ -28,6 +28,7 @@ from gpext.fit import (
     holdout_split,
     minibatch_indices,
     minimize_scalar_on_grid,
+    refit_split,
     train_loop,
 )
 from gpext.fit.exact_gp import OriginalUnitsMultivariateNormal
@@ -641,7 +642,9 @@ class InducingGPNetwork(gpytorch.Module):
         feats = self._embed(x[idx], "InducingGPNetwork.initialize(x)")
         self.train(was_training)
         targets = self._task.init_targets(self, y[idx], feats)
-        self.gp.initialize_from_features(feats, targets.to(feats), generator=generator)
+        # the small-table refit copy may hold fewer rows than inducing points (see fit)
+        self.gp.initialize_from_features(feats, targets.to(feats), generator=generator,
+                                         fill=getattr(self, "_fill_inducing", False))  # fmt: skip
         self._fitted = True
         if self._default_kernel:
             sub = feats[: min(512, feats.shape[0])]
@@ -884,8 +887,6 @@ class InducingGPNetwork(gpytorch.Module):
             and n_val == 0
             and n_all < self.AUTO_VALIDATION_MIN_POINTS
             and (holdout_split(n_all, self.REFIT_CHECK_FRACTION, None) is not None)
-            # the copy initialises its inducing points from its own rows
-            and n_all - round(self.REFIT_CHECK_FRACTION * n_all) >= self.gp.num_inducing
         )
         if calibrate_noise and (not regression or (n_val == 0 and not refit_rows)):
             raise InputDataError(
@@ -988,17 +989,17 @@ class InducingGPNetwork(gpytorch.Module):
         """Fit ``fresh`` (a copy of the initial state) on 80% of the rows; its predictions on
         the rest, after calibrating its noise there (and raising this model's noise to the
         calibrated value when ``calibrate``).  ``None`` when there are too few rows."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        split = holdout_split(y.shape[0], self.REFIT_CHECK_FRACTION,
-                              torch.Generator().manual_seed(seed))  # fmt: skip
+        split = refit_split(y.shape[0], self.REFIT_CHECK_FRACTION, generator, y.device)
         if split is None:
             return None
-        tr, te = (i.to(y.device) for i in split)
+        tr, te, copy_generator = split
+        # with fewer rows than inducing points the copy fills the rest between its rows
+        fresh._fill_inducing = True
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the copy's own checks: the caller reports
             fresh.fit(x[tr], y[tr], validation_fraction=0.0, calibrate_noise=False,
                       check_fit=False, show_progress=False,
-                      generator=torch.Generator().manual_seed(seed + 1), **fit_args)  # fmt: skip
+                      generator=copy_generator, **fit_args)  # fmt: skip
         fresh.eval()
         if calibrate:
             before = fresh.noise_variance

@@ -367,8 +367,9 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         *,
         ridge: float = 1e-3,
         generator: torch.Generator | None = None,
+        fill: bool = False,
     ) -> None:
-        """Place ``Z`` at a random subset of features and fit ``r`` to their targets.
+        r"""Place ``Z`` at a random subset of features and fit ``r`` to their targets.
 
         The pseudo-label offset is reset to zero.
 
@@ -380,9 +381,15 @@ class FeatureSpaceInducingGP(gpytorch.Module):
             targets: Targets, shape ``(*batch_shape, N)`` or ``(N,)``; ``None`` keeps ``r``.
             ridge: Ridge penalty (relative to the mean squared feature).
             generator: Random generator for the subset.
+            fill: With fewer feature rows than inducing points, place ``Z`` at every row and
+                the remaining ``m - N`` points at :math:`g_i + u (g_j - g_i)`,
+                :math:`u \sim U(0, 1)`, for random pairs of rows, instead of raising (used by
+                the small-table refit checks of the models, whose copies train on 80% of
+                the rows).
 
         Raises:
-            InputDataError: If there are fewer feature rows than inducing points.
+            InputDataError: If there are fewer feature rows than inducing points (and not
+                ``fill``), or fewer than two rows to fill from.
         """
         features = self._check_features(features)
         if features.dim() != 2:
@@ -392,7 +399,7 @@ class FeatureSpaceInducingGP(gpytorch.Module):
                 )
             )
         n, m = features.shape[0], self.num_inducing
-        if n < m:
+        if n < m and not (fill and n >= 2):
             raise InputDataError(
                 expected_got(
                     "FeatureSpaceInducingGP.initialize_from_features",
@@ -401,13 +408,22 @@ class FeatureSpaceInducingGP(gpytorch.Module):
                     "Pass more data or use fewer inducing points.",
                 )
             )
-        idx = torch.stack(
-            [
-                torch.randperm(n, generator=generator)[:m]
-                for _ in range(max(1, self.batch_shape.numel()))
-            ]
-        ).to(features.device)
-        z = features[idx].reshape(*self.batch_shape, m, self.feature_dim)
+        heads = max(1, self.batch_shape.numel())
+        if n >= m:
+            idx = torch.stack(
+                [torch.randperm(n, generator=generator)[:m] for _ in range(heads)]
+            ).to(features.device)
+            z = features[idx]  # shape: (heads, m, d)
+        else:
+            extra = m - n
+            i = torch.randint(0, n, (heads, extra), generator=generator).to(features.device)
+            j = torch.randint(0, n - 1, (heads, extra), generator=generator).to(features.device)
+            j = j + (j >= i).long()  # a different row
+            u = torch.rand(heads, extra, 1, generator=generator, dtype=features.dtype)
+            u = u.to(features.device)
+            mixed = features[i] + u * (features[j] - features[i])
+            z = torch.cat([features.expand(heads, n, -1), mixed], dim=-2)
+        z = z.reshape(*self.batch_shape, m, self.feature_dim)
         self.inducing_points.copy_(z.to(self.inducing_points))
         self.pseudo_label_offset.zero_()
         if targets is None:
@@ -420,7 +436,6 @@ class FeatureSpaceInducingGP(gpytorch.Module):
         if prior is not None:
             targets = targets - prior.to(features)
         t = targets.reshape(-1, n).T  # shape: (N, heads)
-        heads = max(1, self.batch_shape.numel())
         if t.shape[1] != heads:
             if t.shape[1] != 1:
                 raise ShapeError(

@@ -207,6 +207,30 @@ class TestFeatureSpaceInducingGP:
         g = torch.randn(5, 3, dtype=torch.float64)
         torch.testing.assert_close(other(g).mean, gp(g).mean)
 
+    @pytest.mark.parametrize("batch_shape", [None, torch.Size([2])])
+    def test_fill_places_the_rest_between_rows(self, batch_shape):
+        gp = _model(m=6, batch_shape=batch_shape)
+        g = torch.randn(4, 3, dtype=torch.float64)
+        gp.initialize_from_features(g, g[:, 0], generator=torch.Generator().manual_seed(1),
+                                    fill=True)  # fmt: skip
+        z = gp.inducing_points.reshape(-1, 6, 3)
+        for zb in z:
+            torch.testing.assert_close(zb[:4], g)  # every row once
+            # the other two lie on segments between two different rows: z = g_i + u (g_j - g_i)
+            for p in zb[4:]:
+                found = False
+                for i in range(4):
+                    for j in range(4):
+                        if i == j:
+                            continue
+                        d = g[j] - g[i]
+                        u = float((p - g[i]) @ d / (d @ d))
+                        if 0 <= u <= 1 and torch.allclose(g[i] + u * d, p, atol=1e-10):
+                            found = True
+                assert found
+        with pytest.raises(InputDataError, match="at least num_inducing"):
+            gp.initialize_from_features(g[:1], fill=True)  # nothing to interpolate between
+
     def test_errors(self):
         gp = _model()
         with pytest.raises(ShapeError, match="feature_dim"):
