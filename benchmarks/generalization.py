@@ -108,7 +108,7 @@ remaining splits and copies of a table once one of its fits there took longer th
 A long run can be checkpointed and shared out: ``--rows-file PATH`` appends each finished
 table's rows to a JSON-lines file and skips the tables that file already holds (resume after
 an interruption); ``--every K I`` takes tables ``I, I+K, ...`` of the list (one of ``K``
-processes); ``--max-rows N`` keeps the tables of at most ``N`` rows; ``--merge A B ...``
+processes); ``--max-rows N`` keeps the tables of at most ``N`` rows, ``--task`` those of one task; ``--merge A B ...``
 fits nothing and writes the results file from such files, with every run's command in
 ``tables.runs``.
 
@@ -1100,6 +1100,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the first N tables of the list")  # fmt: skip
     p.add_argument("--table-names", nargs="+", default=None, metavar="NAME",
                    help="only tables whose name contains one of these strings")  # fmt: skip
+    p.add_argument("--task", choices=("regression", "classification"), default=None,
+                   help="only the tables of this task")  # fmt: skip
     p.add_argument("--max-rows", type=int, default=None, metavar="N",
                    help="only tables of at most N rows (the small tables of the list)")  # fmt: skip
     p.add_argument("--every", nargs=2, type=int, default=None, metavar=("K", "I"),
@@ -1124,13 +1126,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     if args.merge:
-        rows, comparisons, described, runs = [], [], [], []
+        by_table: dict[str, tuple[dict, list[dict], list[dict]]] = {}
+        runs = []
         for path in args.merge:
             r, c, t, h = read_rows_file(path)
-            rows += r
-            comparisons += c
-            described += t
             runs += h
+            for d in t:  # a table in two files keeps the later file's record
+                key = (d["task"], d["name"])
+                mine = [x for x in r if (x["task"], x["dataset"]) == key]
+                arms = {x["method"] for x in mine}  # a table may serve both tasks
+                by_table[f"{key}"] = (
+                    d,
+                    mine,
+                    [x for x in c if x["dataset"] == d["name"] and x["method"] in arms],
+                )
+        described = [v[0] for v in by_table.values()]
+        rows = [x for v in by_table.values() for x in v[1]]
+        comparisons = [x for v in by_table.values() for x in v[2]]
         if not runs:
             raise SystemExit(f"--merge: no run header in {args.merge}")
         record = dict(runs[0]["tables"])
@@ -1146,6 +1158,8 @@ def main(argv: list[str] | None = None) -> int:
     tables, record = select_tables(args.quick, args.data_dir, log=_progress)
     if args.table_names:
         tables = [t for t in tables if any(s in t.name for s in args.table_names)]
+    if args.task is not None:
+        tables = [t for t in tables if t.task == args.task]
     if args.max_rows is not None:
         tables = [t for t in tables if t.n <= args.max_rows]
     if args.tables is not None:
