@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import gpytorch
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.utils import check_positive_int
+from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["FeatureMapKernel"]
 
@@ -113,14 +115,23 @@ class FeatureMapKernel(Kernel):
         """The features :math:`g(\\mathbf x)`, ``(*batch, N, d)``, with a shape check.
 
         Args:
-            x: Inputs.  # shape: (*batch, N, D)
+            x: Inputs (numpy arrays and integer tensors are converted to the network's dtype).
+                # shape: (*batch, N, D)
 
         Returns:
             The extractor's output.
 
         Raises:
-            ShapeError: If the extractor does not return ``(*batch, N, d)``.
+            InputTypeError: If ``x`` is float16 / bfloat16 or has another floating dtype (or
+                device) than the network's parameters.
+            InputDataError: If ``x`` has NaN or infinite entries.
+            ShapeError: If ``D`` differs from the network's ``in_features``, or the extractor
+                does not return ``(*batch, N, d)``.
         """
+        x, _ = self._check_inputs(x, None, finite=True)
+        return self._features(x)
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
         f = self.feature_extractor(x)
         if not isinstance(f, torch.Tensor) or f.dim() < 2 or f.shape[:-1] != x.shape[:-1]:
             got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
@@ -141,19 +152,51 @@ class FeatureMapKernel(Kernel):
         last_dim_is_batch: bool = False,
         **params,
     ):
-        f1 = self.features(x1)
+        """Evaluate the base kernel on the features (arguments as in ``Kernel.forward``).
+
+        Raises:
+            InputTypeError: For float16 / bfloat16 inputs, ``x1`` and ``x2`` of two dtypes, or
+                a dtype other than the network's.
+            ShapeError: If ``x1`` and ``x2`` differ in ``D``, or ``D`` differs from the
+                network's ``in_features``.
+            InputDataError: For NaN or infinite inputs.
+        """
+        x1, x2 = self._check_inputs(x1, x2, finite=True)
+        f1 = self._features(x1)
         same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
-        f2 = f1 if same else self.features(x2)
+        f2 = f1 if same else self._features(x2)
         return self.base_kernel.forward(
             f1, f2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params
         )
 
     def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
-        """Evaluate the kernel (eagerly when ``last_dim_is_batch``; see the class docstring)."""
+        """Evaluate the kernel (eagerly when ``last_dim_is_batch``; see the class docstring).
+
+        Numpy arrays and integer tensors are converted to the network's dtype.
+        """
+        x1, x2 = self._check_inputs(x1, x2, before_active_dims=True)
         if last_dim_is_batch and not diag:
             with gpytorch.settings.lazily_evaluate_kernels(False):
                 return super().__call__(x1, x2, diag=diag, last_dim_is_batch=True, **params)
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+
+    def _check_inputs(self, x1, x2, *, finite: bool = False, before_active_dims: bool = False):
+        """Inputs in the network's dtype and of its input width (when it declares one)."""
+        net = self.feature_extractor
+        ref = next(
+            (t for t in itertools.chain(net.parameters(), net.buffers()) if t.is_floating_point()),
+            None,
+        )
+        match = ref is not None  # a network without floating state follows the inputs' dtype
+        if ref is None:
+            ref = next((p for p in self.base_kernel.parameters() if p.is_floating_point()), None)
+        dtype = torch.get_default_dtype() if ref is None else ref.dtype
+        device = None if ref is None else ref.device
+        raw = before_active_dims and self.active_dims is not None
+        return as_kernel_inputs(
+            x1, x2, "FeatureMapKernel", dtype=dtype, device=device, match_dtype=match,
+            num_features=None if raw else _in_features(net), same_width=not raw, finite=finite,
+        )  # fmt: skip
 
     def __getitem__(self, index) -> FeatureMapKernel:
         """Index the base kernel's batch (the copy's network is a copy of this one's)."""
@@ -174,3 +217,12 @@ class FeatureMapKernel(Kernel):
     def num_outputs_per_input(self, x1: torch.Tensor, x2: torch.Tensor) -> int:
         """Those of the base kernel (1 unless it is a multitask kernel)."""
         return self.base_kernel.num_outputs_per_input(x1, x2)
+
+
+def _in_features(net: nn.Module) -> int | None:
+    """The input width a network declares (``in_features`` of it or of a Sequential's head)."""
+    for module in (net, net[0] if isinstance(net, nn.Sequential) and len(net) else None):
+        width = getattr(module, "in_features", None)
+        if isinstance(width, int) and not isinstance(width, bool) and width > 0:
+            return width
+    return None

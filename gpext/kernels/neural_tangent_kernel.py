@@ -11,6 +11,7 @@ from gpytorch.priors import Prior
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.utils import check_positive_int
+from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["NeuralTangentKernel"]
 
@@ -309,8 +310,11 @@ class NeuralTangentKernel(Kernel):
             ``(*batch, N, M)``, or ``(*batch, N)`` when ``diag``.
 
         Raises:
-            ShapeError: If ``diag`` and ``N != M``.
+            ShapeError: If ``diag`` and ``N != M``, or ``x1`` and ``x2`` differ in ``d``.
+            InputTypeError: For float16 / bfloat16 inputs, or ``x1`` and ``x2`` of two dtypes.
+            InputDataError: For NaN or infinite inputs.
         """
+        x1, x2 = self._check_inputs(x1, x2, finite=True)
         same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
         if last_dim_is_batch:
             x1 = x1.transpose(-1, -2).unsqueeze(-1)  # shape: (*batch, d, N, 1)
@@ -347,6 +351,19 @@ class NeuralTangentKernel(Kernel):
             n = x1.shape[-2]
             mask = torch.eye(n, dtype=torch.bool, device=x1.device)
         return self._recursion(s12, q1, q2, sw, sb, mask, diagonal=False)
+
+    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
+        """Evaluate the kernel; numpy arrays and integer tensors become the kernel's dtype."""
+        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+
+    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
+        """Inputs of the module's dtype class (float32 or float64; the variances follow them)."""
+        raw = self.raw_weight_variance
+        return as_kernel_inputs(
+            x1, x2, "NeuralTangentKernel", dtype=raw.dtype, device=raw.device,
+            same_width=width, finite=finite,
+        )  # fmt: skip
 
     def _recursion(
         self,

@@ -21,6 +21,7 @@ from gpext.errors import (
 )
 from gpext.operators.incremental_kpca import IncrementalKPCA
 from gpext.utils import as_float_tensor, check_finite
+from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["NystromKPCAKernel"]
 
@@ -242,7 +243,14 @@ class NystromKPCAKernel(Kernel):
 
         Returns:
             ``R`` with :math:`R R^\top = \tilde K`. # shape: (*batch, n, r)
+
+        Raises:
+            InputTypeError: If ``x`` is float16 / bfloat16 or of another floating dtype (or
+                device) than the landmarks; integer tensors and numpy arrays are converted.
+            InputDataError: If ``x`` has NaN or infinite entries.
+            ShapeError: If the dimension differs from the landmarks'.
         """
+        x, _ = self._check_inputs(x, None, finite=True)
         return self._cross(x) @ self._factor()
 
     def forward(
@@ -266,8 +274,12 @@ class NystromKPCAKernel(Kernel):
             ``MatmulLinearOperator``. # shape: (*batch, n1, n2)
 
         Raises:
-            InputDataError: If ``last_dim_is_batch`` is set.
-            ShapeError: If the inputs' dimension differs from the landmarks'.
+            InputDataError: If ``last_dim_is_batch`` is set, or an input has NaN or infinite
+                entries.
+            InputTypeError: For float16 / bfloat16 inputs, or inputs of another floating dtype
+                (or device) than the landmarks.
+            ShapeError: If the inputs' dimension differs from the landmarks' or between ``x1``
+                and ``x2``.
             NotFittedError: If the hyperparameters changed with ``on_hyperparameter_change=
                 "raise"``.
         """
@@ -281,6 +293,7 @@ class NystromKPCAKernel(Kernel):
                     "them with gpytorch.kernels.AdditiveKernel instead.",
                 )
             )
+        x1, x2 = self._check_inputs(x1, x2, finite=True)
         w = self._factor()  # shape: (m, r)
         r1 = self._cross(x1) @ w  # shape: (*batch1, n1, r)
         same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
@@ -294,7 +307,20 @@ class NystromKPCAKernel(Kernel):
         r2 = r2.expand(*batch, *r2.shape[-2:])
         return MatmulLinearOperator(r1, r2.mT)
 
+    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
+        """Evaluate the kernel; numpy arrays and integer tensors become the landmarks' dtype."""
+        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+
     # ------------------------------------------------------------------ internals
+    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
+        """Inputs in the landmarks' dtype and on their device."""
+        z = self.landmarks
+        return as_kernel_inputs(
+            x1, x2, "NystromKPCAKernel", dtype=z.dtype, device=z.device, match_dtype=True,
+            same_width=width, finite=finite,
+        )  # fmt: skip
+
     def _apply(self, fn, *args, **kwargs):
         dtype = self.kpca.dtype
         super()._apply(fn, *args, **kwargs)

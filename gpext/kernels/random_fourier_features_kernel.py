@@ -20,7 +20,8 @@ from linear_operator.operators import (
 )
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
-from gpext.utils import check_positive_int
+from gpext.utils import check_finite, check_positive_int
+from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["RandomFourierFeaturesKernel"]
 
@@ -241,6 +242,7 @@ class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
         Raises:
             InputTypeError: If ``x`` is not a floating-point tensor.
             ShapeError: If ``x`` has fewer than two dimensions or the wrong number of columns.
+            InputDataError: If ``x`` has NaN or infinite entries.
         """
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise InputTypeError(
@@ -257,6 +259,7 @@ class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
                     f"shape {tuple(x.shape)}", "Use x.unsqueeze(-1) for one-dimensional inputs.",
                 )
             )  # fmt: skip
+        check_finite(x, "RandomFourierFeaturesKernel.featurize x")
         if self.active_dims is not None:
             x = x.index_select(-1, self.active_dims)
         return self._features(x)
@@ -299,8 +302,12 @@ class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
             ``x1 == x2`` and a :class:`~linear_operator.operators.MatmulLinearOperator` otherwise.
 
         Raises:
-            ShapeError: If the inputs' width differs from the frequencies' dimension.
+            ShapeError: If the inputs' width differs from the frequencies' dimension or
+                between ``x1`` and ``x2``.
+            InputTypeError: For float16 / bfloat16 inputs, or ``x1`` and ``x2`` of two dtypes.
+            InputDataError: For NaN or infinite inputs.
         """
+        x1, x2 = self._check_inputs(x1, x2, finite=True)
         same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
         z1 = self._features(x1, last_dim_is_batch)
         z2 = z1 if same else self._features(x2, last_dim_is_batch)
@@ -311,6 +318,19 @@ class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
                 return LowRankRootLinearOperator(z1)
             return RootLinearOperator(z1)
         return MatmulLinearOperator(z1, z2.mT)
+
+    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
+        """Evaluate the kernel; numpy arrays and integer tensors become the kernel's dtype."""
+        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+
+    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
+        """Inputs of the module's dtype class (float32 or float64; the features follow them)."""
+        raw = self.raw_lengthscale
+        return as_kernel_inputs(
+            x1, x2, "RandomFourierFeaturesKernel", dtype=raw.dtype, device=raw.device,
+            same_width=width, finite=finite,
+        )  # fmt: skip
 
 
 def _check_generator(generator: object, name: str) -> None:

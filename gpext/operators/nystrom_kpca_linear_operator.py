@@ -6,7 +6,8 @@ import torch
 from linear_operator.operators import LinearOperator, LowRankRootLinearOperator
 from linear_operator.operators.diag_linear_operator import DiagLinearOperator
 
-from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.utils import check_finite
 
 __all__ = ["NystromKPCALinearOperator"]
 
@@ -33,14 +34,21 @@ class NystromKPCALinearOperator(LinearOperator):
     ``_diagonal``, ``_expand_batch``, ``_mul_constant``, ``root_decomposition`` and
     ``add_diagonal`` are specialised for speed.
 
+    The operator is positive semi-definite by construction: the eigenvalues must be finite and
+    non-negative (drop or clamp negative ones first, as :meth:`IncrementalKPCA.nystrom
+    <gpext.operators.IncrementalKPCA.nystrom>` does). A product with a negative constant is a
+    generic linear_operator ``ConstantMulLinearOperator``.
+
     Args:
         eigenvectors: ``U_nys`` (columns need not be orthonormal). # shape: (*batch, n, r)
-        eigenvalues: ``L_nys``, non-negative for a positive semi-definite operator (negative
-            values are allowed, but then the exact root is not available). # shape: (*batch, r)
+        eigenvalues: ``L_nys``, finite and non-negative, of the eigenvectors' dtype and device.
+            # shape: (*batch, r)
 
     Raises:
         ShapeError: If the shapes do not match.
-        InputDataError: If the dtypes are not floating point.
+        InputDataError: If the dtypes are not floating point, an entry is not finite or an
+            eigenvalue is negative.
+        InputTypeError: If the two tensors have different dtypes or devices.
 
     Example:
         >>> u = torch.linalg.qr(torch.randn(6, 2, dtype=torch.float64)).Q
@@ -49,7 +57,11 @@ class NystromKPCALinearOperator(LinearOperator):
         torch.Size([6, 6])
     """
 
-    def __init__(self, eigenvectors: torch.Tensor, eigenvalues: torch.Tensor) -> None:
+    def __init__(
+        self, eigenvectors: torch.Tensor, eigenvalues: torch.Tensor, *, _checked: bool = False
+    ) -> None:
+        # ``_checked``: built from the factors of a checked operator (linear_operator rebuilds
+        # an operator from its representation for every product; the checks run once).
         if not torch.is_tensor(eigenvectors) or not torch.is_tensor(eigenvalues):
             raise InputDataError(
                 expected_got(
@@ -74,7 +86,30 @@ class NystromKPCALinearOperator(LinearOperator):
                     f"{tuple(eigenvectors.shape)} and {tuple(eigenvalues.shape)}",
                 )
             )
-        super().__init__(eigenvectors, eigenvalues)
+        if eigenvectors.dtype != eigenvalues.dtype or eigenvectors.device != eigenvalues.device:
+            raise InputTypeError(
+                expected_got(
+                    "NystromKPCALinearOperator",
+                    "eigenvectors and eigenvalues of one dtype on one device",
+                    f"{eigenvectors.dtype} on {eigenvectors.device} and {eigenvalues.dtype} "
+                    f"on {eigenvalues.device}",
+                    "Convert both, e.g. eigenvalues.to(eigenvectors).",
+                )
+            )
+        if not _checked:
+            check_finite(eigenvectors, "NystromKPCALinearOperator eigenvectors")
+            check_finite(eigenvalues, "NystromKPCALinearOperator eigenvalues")
+            if bool((eigenvalues < 0).any()):
+                raise InputDataError(
+                    expected_got(
+                        "NystromKPCALinearOperator eigenvalues",
+                        "non-negative values (a positive semi-definite operator)",
+                        f"minimum {float(eigenvalues.min()):.3e}",
+                        "Drop the negative eigenpairs (IncrementalKPCA.nystrom does) or clamp "
+                        "round-off with eigenvalues.clamp_min(0).",
+                    )
+                )
+        super().__init__(eigenvectors, eigenvalues, _checked=True)
         self.eigenvectors = eigenvectors
         self.eigenvalues = eigenvalues
 
@@ -87,6 +122,50 @@ class NystromKPCALinearOperator(LinearOperator):
 
     def _transpose_nonbatch(self) -> LinearOperator:
         return self
+
+    def matmul(self, other: torch.Tensor | LinearOperator) -> torch.Tensor | LinearOperator:
+        """``self @ other`` with the shapes and dtype of ``other`` checked first.
+
+        Args:
+            other: A matrix or vector. # shape: (*batch2, n, p) or (n,)
+
+        Returns:
+            The product. # shape: (*batch, n, p) or (*batch, n)
+
+        Raises:
+            InputTypeError: If ``other`` is not a tensor or linear operator, or has another
+                dtype or device than the operator.
+            ShapeError: If ``other`` does not have ``n`` rows or its batch shape does not
+                broadcast with the operator's.
+        """
+        name = "NystromKPCALinearOperator.matmul other"
+        if not isinstance(other, (torch.Tensor, LinearOperator)):
+            raise InputTypeError(
+                expected_got(name, "a torch.Tensor or LinearOperator", type(other).__name__)
+            )
+        if other.dtype != self.dtype or other.device != self.device:
+            raise InputTypeError(
+                expected_got(
+                    name, f"{self.dtype} on {self.device} like the operator",
+                    f"{other.dtype} on {other.device}", f"Convert it with other.to({self.dtype}).",
+                )
+            )  # fmt: skip
+        n = self.shape[-1]
+        rows = other.shape[0] if other.dim() == 1 else other.shape[-2] if other.dim() else None
+        batch_ok = True
+        if other.dim() > 2:
+            try:
+                torch.broadcast_shapes(self.batch_shape, other.shape[:-2])
+            except RuntimeError:
+                batch_ok = False
+        if rows != n or not batch_ok:
+            raise ShapeError(
+                expected_got(
+                    name, f"shape (..., {n}, p) or ({n},) for an operator of shape "
+                    f"{tuple(self.shape)}", f"shape {tuple(other.shape)}",
+                )
+            )  # fmt: skip
+        return super().matmul(other)
 
     def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
         u, lam = self.eigenvectors, self.eigenvalues
@@ -103,12 +182,18 @@ class NystromKPCALinearOperator(LinearOperator):
     def _expand_batch(self, batch_shape: torch.Size) -> LinearOperator:
         n, r = self.eigenvectors.shape[-2:]
         return self.__class__(
-            self.eigenvectors.expand(*batch_shape, n, r), self.eigenvalues.expand(*batch_shape, r)
+            self.eigenvectors.expand(*batch_shape, n, r),
+            self.eigenvalues.expand(*batch_shape, r),
+            _checked=True,
         )
 
     def _mul_constant(self, other: float | torch.Tensor) -> LinearOperator:
         other = torch.as_tensor(other, dtype=self.dtype, device=self.device)
-        return self.__class__(self.eigenvectors, self.eigenvalues * other.unsqueeze(-1))
+        if not bool(torch.isfinite(other).all() and (other >= 0).all()):
+            return super()._mul_constant(other)  # indefinite (or NaN): a generic operator
+        return self.__class__(
+            self.eigenvectors, self.eigenvalues * other.unsqueeze(-1), _checked=True
+        )
 
     def to_dense(self) -> torch.Tensor:
         """The dense ``(*batch, n, n)`` matrix."""
@@ -116,31 +201,18 @@ class NystromKPCALinearOperator(LinearOperator):
         return (u * self.eigenvalues.unsqueeze(-2)) @ u.mT
 
     def low_rank_root(self) -> torch.Tensor:
-        """``U_nys L_nys^{1/2}`` (needs non-negative eigenvalues). # shape: (*batch, n, r)"""
-        if bool((self.eigenvalues < 0).any()):
-            raise InputDataError(
-                expected_got(
-                    "NystromKPCALinearOperator.low_rank_root",
-                    "non-negative eigenvalues",
-                    f"minimum {float(self.eigenvalues.min()):.3e}",
-                    "Drop negative eigenpairs (IncrementalKPCA.nystrom does).",
-                )
-            )
-        return self.eigenvectors * self.eigenvalues.clamp(min=0).sqrt().unsqueeze(-2)
+        """``U_nys L_nys^{1/2}``. # shape: (*batch, n, r)"""
+        return self.eigenvectors * self.eigenvalues.sqrt().unsqueeze(-2)
 
     def root_decomposition(self, method: str | None = None) -> LinearOperator:
-        """Exact root ``R R^T`` with ``R = U_nys L_nys^{1/2}`` (Lanczos if an eigenvalue < 0)."""
-        if bool((self.eigenvalues < 0).any()):
-            return super().root_decomposition(method=method)
+        """Exact root ``R R^T`` with ``R = U_nys L_nys^{1/2}`` (no Lanczos iterations)."""
         return LowRankRootLinearOperator(self.low_rank_root())
 
     def add_diagonal(self, diag: torch.Tensor) -> LinearOperator:
         """``self + diag`` as a Woodbury-ready ``LowRankRootAddedDiagLinearOperator``."""
-        if bool((self.eigenvalues < 0).any()):
-            return super().add_diagonal(diag)
         return LowRankRootLinearOperator(self.low_rank_root()).add_diagonal(diag)
 
     def __add__(self, other):
-        if isinstance(other, DiagLinearOperator) and not bool((self.eigenvalues < 0).any()):
+        if isinstance(other, DiagLinearOperator):
             return LowRankRootLinearOperator(self.low_rank_root()) + other
         return super().__add__(other)

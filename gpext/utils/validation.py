@@ -16,6 +16,7 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_go
 __all__ = [
     "as_fit_input",
     "as_float_tensor",
+    "as_kernel_inputs",
     "as_model_input",
     "check_finite",
     "check_float_dtype",
@@ -320,6 +321,130 @@ def as_model_input(x: object, like: torch.Tensor, name: str) -> torch.Tensor:
             expected_got(
                 name, f"a tensor on {like.device} like the model's parameters", f"device {x.device}",
                 f"Move the data (x.to('{like.device}')) or the model (model.to('{x.device}')).",
+            )
+        )  # fmt: skip
+    return x
+
+
+def as_kernel_inputs(
+    x1: object,
+    x2: object | None,
+    name: str,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+    match_dtype: bool = False,
+    num_features: int | None = None,
+    same_width: bool = True,
+    finite: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The inputs of a kernel evaluation, checked in ``O(size of the inputs)``.
+
+    The kernel-side counterpart of :func:`as_model_input`: numpy arrays, (nested) Python
+    sequences and integer tensors are converted to ``dtype`` on ``device``; float32 and float64
+    tensors are returned as they are (the same objects, so ``x2 is x1`` survives).  ``x2`` may
+    be ``None`` (GPyTorch's ``kernel(x)``).  One-dimensional inputs count as one feature, as
+    GPyTorch's ``Kernel.__call__`` reads them.
+
+    Args:
+        x1: First inputs.  # shape: (*batch, N, D) or (N,)
+        x2: Second inputs or ``None``.  # shape: (*batch, M, D) or (M,)
+        name: The kernel's name, used in messages.
+        dtype: The kernel's floating dtype (of its parameters), the target of conversions.
+        device: The kernel's device (``None``: the inputs' device is not checked).
+        match_dtype: Also require floating tensors to have ``dtype`` (for kernels whose
+            parameters cannot follow the inputs' dtype, e.g. a network or stored landmarks).
+        num_features: Required input width ``D`` (``None``: any).
+        same_width: Require ``x1`` and ``x2`` to have the same width (``False`` before a
+            kernel's ``active_dims`` are applied, which select the columns compared later).
+        finite: Also check that every entry is finite (``O(N D)``).
+
+    Returns:
+        ``(x1, x2)`` as tensors of one float32 or float64 dtype (``x2`` stays ``None``).
+
+    Raises:
+        InputTypeError: For non-numeric, boolean, complex, float16 / bfloat16 inputs, inputs of
+            two different dtypes or devices, or (with ``match_dtype``) another dtype than the
+            kernel's, or another device than ``device``.
+        ShapeError: For 0-d inputs or inputs whose feature counts differ (from each other or
+            from ``num_features``).
+        InputDataError: With ``finite``, for NaN or infinite entries.
+    """
+    same = x2 is x1
+    x1 = _as_kernel_input(x1, f"{name} x1", dtype, device)
+    x2 = x1 if same else (None if x2 is None else _as_kernel_input(x2, f"{name} x2", dtype, device))
+    if x2 is not None and x1.dtype != x2.dtype:
+        raise InputTypeError(
+            expected_got(
+                f"{name} (x1, x2)", "inputs of one dtype", f"{x1.dtype} and {x2.dtype}",
+                f"Convert both to the kernel's dtype {dtype} (x.to({dtype})).",
+            )
+        )  # fmt: skip
+    if match_dtype and x1.dtype != dtype:
+        raise InputTypeError(
+            expected_got(
+                f"{name} inputs", f"a {dtype} tensor like the kernel's parameters",
+                f"dtype {x1.dtype}",
+                f"Convert the inputs (x.to({dtype})) or the kernel (kernel.to({x1.dtype})).",
+            )
+        )  # fmt: skip
+    if x2 is not None and x1.device != x2.device:
+        raise InputTypeError(
+            expected_got(
+                f"{name} (x1, x2)", "inputs on one device", f"{x1.device} and {x2.device}",
+                "Move both to the kernel's device.",
+            )
+        )  # fmt: skip
+    if device is not None and x1.device != device:
+        raise InputTypeError(
+            expected_got(
+                f"{name} inputs", f"tensors on {device} like the kernel's parameters",
+                f"device {x1.device}",
+                f"Move the inputs (x.to('{device}')) or the kernel (kernel.to('{x1.device}')).",
+            )
+        )  # fmt: skip
+    w1 = x1.shape[-1] if x1.dim() > 1 else 1
+    if x2 is not None and same_width:
+        w2 = x2.shape[-1] if x2.dim() > 1 else 1
+        if w1 != w2:
+            raise ShapeError(
+                expected_got(
+                    f"{name} (x1, x2)", "x1 and x2 with the same number of features (columns)",
+                    f"shapes {tuple(x1.shape)} and {tuple(x2.shape)}",
+                    "Both inputs are (*batch, N, D) with the same D.",
+                )
+            )  # fmt: skip
+    if num_features is not None and w1 != num_features:
+        raise ShapeError(
+            expected_got(
+                f"{name} inputs", f"{num_features} features (columns)",
+                f"shape {tuple(x1.shape)}", "Pass inputs of the width the kernel was built for.",
+            )
+        )  # fmt: skip
+    if finite:
+        check_finite(x1, f"{name} x1")
+        if x2 is not None and x2 is not x1:
+            check_finite(x2, f"{name} x2")
+    return x1, x2
+
+
+def _as_kernel_input(
+    x: object, name: str, dtype: torch.dtype, device: torch.device | None
+) -> torch.Tensor:
+    """One kernel input as a float32/float64 tensor (see :func:`as_kernel_inputs`)."""
+    if not isinstance(x, torch.Tensor):
+        x = as_float_tensor(x, name, dtype=dtype)
+        return x if device is None else x.to(device)
+    if x.dtype == torch.bool or x.is_complex():
+        raise InputTypeError(expected_got(name, "a real-valued tensor", f"dtype {x.dtype}"))
+    if not x.is_floating_point():
+        x = x.to(dtype)
+    check_not_low_precision(x, name)
+    if x.dim() == 0:
+        raise ShapeError(
+            expected_got(
+                name, "shape (*batch, N, D) or (N,)", "a 0-d tensor",
+                "Pass one row per point (x.reshape(-1, 1) for a single value).",
             )
         )  # fmt: skip
     return x

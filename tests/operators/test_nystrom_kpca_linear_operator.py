@@ -105,3 +105,13 @@ class TestNystromKPCALinearOperatorUsage(unittest.TestCase):
             NystromKPCALinearOperator(torch.randn(5, 3), torch.ones(2))
         with self.assertRaisesRegex(InputDataError, "non-negative"):
             NystromKPCALinearOperator(torch.randn(5, 2), torch.tensor([1.0, -1.0])).low_rank_root()
+
+    def test_negative_constant_gives_a_generic_operator(self):
+        u = torch.randn(5, 2, generator=self.gen, dtype=torch.float64)
+        op = NystromKPCALinearOperator(u, torch.tensor([2.0, 0.0], dtype=torch.float64))
+        neg = op * -2.0
+        self.assertNotIsInstance(neg, NystromKPCALinearOperator)
+        torch.testing.assert_close(neg.to_dense(), -2.0 * op.to_dense())
+        self.assertIsInstance(op * 3.0, NystromKPCALinearOperator)
+        rhs = torch.randn(5, 3, generator=self.gen, dtype=torch.float64)
+        torch.testing.assert_close(op @ rhs, op.to_dense() @ rhs)
