@@ -108,7 +108,9 @@ remaining splits and copies of a table once one of its fits there took longer th
 A long run can be checkpointed and shared out: ``--rows-file PATH`` appends each finished
 table's rows to a JSON-lines file and skips the tables that file already holds (resume after
 an interruption); ``--every K I`` takes tables ``I, I+K, ...`` of the list (one of ``K``
-processes); ``--max-rows N`` keeps the tables of at most ``N`` rows, ``--task`` those of one task; ``--merge A B ...``
+processes); ``--reverse`` walks the list from its end and ``--skip-tables-in A B ...`` skips,
+before each table, those that other processes' files already hold (two processes from both
+ends); ``--max-rows N`` keeps the tables of at most ``N`` rows, ``--task`` those of one task; ``--merge A B ...``
 fits nothing and writes the results file from such files, with every run's command in
 ``tables.runs``.
 
@@ -123,6 +125,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -810,6 +813,7 @@ def run(
     max_fit_seconds: float | None = None,
     log: Callable[[str], None] | None = _progress,
     on_table: Callable[[Table, list[dict], list[dict]], None] | None = None,
+    skip_table: Callable[[Table], bool] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Fit every method on every split of every table (and scaled copy).
 
@@ -824,6 +828,7 @@ def run(
         log: Progress callback (one line per fit).
         on_table: Called after each table with the table, its rows and its comparisons
             (the ``--rows-file`` checkpoint).
+        skip_table: Asked before each table; ``True`` skips it (another process has it).
 
     Returns:
         The per-fit rows and the scaled-copy comparisons.
@@ -834,6 +839,10 @@ def run(
     k = 0
     start = time.perf_counter()
     for table in tables:
+        if skip_table is not None and skip_table(table):
+            if log is not None:
+                log(f"{table.name} skipped: another run has finished it")
+            continue
         first_row, first_cmp = len(rows), len(comparisons)
         arms = _arms(methods, table.task)
         originals: dict[tuple[str, int], tuple[dict, float]] = {}
@@ -1102,6 +1111,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="only tables whose name contains one of these strings")  # fmt: skip
     p.add_argument("--task", choices=("regression", "classification"), default=None,
                    help="only the tables of this task")  # fmt: skip
+    p.add_argument("--reverse", action="store_true",
+                   help="go through the (filtered) list from its end")  # fmt: skip
+    p.add_argument("--skip-tables-in", nargs="+", default=(), metavar="PATH",
+                   help="before each table, skip it if one of these --rows-file files (other "
+                   "processes') already holds it")  # fmt: skip
     p.add_argument("--max-rows", type=int, default=None, metavar="N",
                    help="only tables of at most N rows (the small tables of the list)")  # fmt: skip
     p.add_argument("--every", nargs=2, type=int, default=None, metavar=("K", "I"),
@@ -1167,6 +1181,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.every is not None:
         k, i = args.every
         tables = tables[i::k]
+    if args.reverse:
+        tables = tables[::-1]
     record["list"] = [t.describe() for t in tables]
     if args.list_tables:
         print(format_markdown_table(record["list"], ("name", "task", "source", "rows",
@@ -1191,7 +1207,6 @@ def main(argv: list[str] | None = None) -> int:
     on_table = None
     if args.rows_file:
         import datetime
-        import os
 
         if os.path.exists(args.rows_file):
             described = read_rows_file(args.rows_file)[2]
@@ -1208,9 +1223,17 @@ def main(argv: list[str] | None = None) -> int:
         def on_table(table, table_rows, table_cmp):
             _append_table(args.rows_file, table, table_rows, table_cmp)
 
+    def skip_table(table):
+        for path in args.skip_tables_in:
+            if os.path.exists(path) and any(
+                (t["task"], t["name"]) == (table.task, table.name) for t in read_rows_file(path)[2]
+            ):
+                return True
+        return False
+
     rows, comparisons = run(tables, methods, quick=args.quick, splits=splits, seed=args.seed,
-                            max_fit_seconds=args.max_fit_seconds,
-                            on_table=on_table)  # fmt: skip
+                            max_fit_seconds=args.max_fit_seconds, on_table=on_table,
+                            skip_table=skip_table if args.skip_tables_in else None)  # fmt: skip
     if args.rows_file:
         rows, comparisons, described, _ = read_rows_file(args.rows_file)
         record["list"] = described

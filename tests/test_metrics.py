@@ -735,3 +735,13 @@ def test_public_names_are_exported_and_documented():
         assert doc is not None, name
         for section in ("Args:", "Returns:", "Raises:", "Example:", ".. math::"):
             assert section in doc, (name, section)
+
+
+def test_rmse_does_not_overflow_on_large_finite_values():
+    """Issue 40 fuzz: ``rmse([2e200, 0], [0, 0])`` was inf (the squares overflow)."""
+    from gpext.metrics import rmse
+
+    assert rmse([2e200, 0.0], [0.0, 0.0]) == pytest.approx(2e200 / 2**0.5, rel=1e-12)
+    big = torch.tensor([3e30, -4e30], dtype=torch.float32)
+    assert rmse(big, torch.zeros(2)) == pytest.approx((12.5e60) ** 0.5, rel=1e-5)
+    assert rmse([1.0, 1.0], [1.0, 1.0]) == 0.0

@@ -31,7 +31,7 @@ from gpext.fit import (
 )
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
-from gpext.utils import check_positive_int
+from gpext.utils import check_learning_rate, check_positive_int
 
 __all__ = ["DEFAULT_EPOCHS", "MIN_DEFAULT_STEPS", "VBootMLP"]
 
@@ -293,6 +293,7 @@ class VBootMLP(torch.nn.Module):
         if num_epochs is None:  # full minibatches only: n // batch_size steps per epoch
             num_epochs = max(DEFAULT_EPOCHS, math.ceil(MIN_DEFAULT_STEPS / (n // batch_size)))
         num_epochs = check_positive_int(num_epochs, "VBootMLP.fit num_epochs")
+        lr = check_learning_rate(lr, "VBootMLP.fit lr")
         indices = (
             list(range(self.num_particles))
             if particle_indices is None

@@ -257,6 +257,16 @@ class VBootRFF(torch.nn.Module):
     # ------------------------------------------------------------------ fitting
     def _resolve_hyperparameters(self, x, targets, noise, generator):
         given = self._given
+        ls = given["lengthscale"]
+        if ls is not None and torch.as_tensor(ls).numel() not in (1, x.shape[-1]):
+            raise ShapeError(
+                expected_got(
+                    "VBootRFF(lengthscale)",
+                    f"a scalar or one lengthscale per input ({x.shape[-1]}) for these data",
+                    f"{torch.as_tensor(ls).numel()} values",
+                    "Pass lengthscale of shape (d,) matching the columns of x, or None to fit.",
+                )
+            )
         need_noise = self.task == "regression" and noise is None
         if given["lengthscale"] is None or given["outputscale"] is None or need_noise:
             # keep the fit's cost (C m^3) near that of two outputs with hyper_num_points points

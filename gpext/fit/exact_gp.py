@@ -24,6 +24,7 @@ from gpext.errors import (
     ConvergenceWarning,
     FitError,
     InputDataError,
+    InputTypeError,
     NumericalWarning,
     ShapeError,
     expected_got,
@@ -34,7 +35,8 @@ from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import minimize_lbfgs
 from gpext.fit.standardize import Standardizer
 from gpext.fit.train_loop import train_loop
-from gpext.utils import check_finite, check_positive_int
+from gpext.utils import check_finite, check_learning_rate, check_positive_int
+from gpext.utils.validation import as_fit_input
 
 __all__ = [
     "MultiOutputExactGP",
@@ -246,7 +248,14 @@ def build_exact_gp(
     Raises:
         ShapeError: If shapes disagree.
         InputDataError: For an unknown kernel name or non-finite data.
+        InputTypeError: For non-numeric or half-precision data (numpy arrays, lists and
+            integer tensors are converted; ``y`` and ``noise`` take ``x``'s dtype).
     """
+    # numpy arrays, lists and integer tensors are converted; half precision is an error
+    x = as_fit_input(x, "build_exact_gp.x")
+    y = as_fit_input(y, "build_exact_gp.y", dtype=x.dtype).to(x.dtype)
+    if noise is not None:
+        noise = as_fit_input(noise, "build_exact_gp.noise", dtype=x.dtype).to(x)
     if x.dim() != 2 or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
         raise ShapeError(
             expected_got("build_exact_gp(x, y)", "x (N, D) and y (N,) or (N, C)",
@@ -443,6 +452,7 @@ def fit_exact_gp(
 
     Raises:
         FitError: If the fallback fails too (the initial values are restored).
+        InputTypeError: If ``model`` is not a gpytorch ``ExactGP`` with training data.
 
     Example:
         >>> x = torch.rand(30, 2, dtype=torch.float64)
@@ -451,9 +461,18 @@ def fit_exact_gp(
         >>> res.stop_reason.value
         'converged'
     """
+    if not isinstance(model, gpytorch.models.ExactGP) or model.train_inputs is None:
+        raise InputTypeError(
+            expected_got(
+                "fit_exact_gp(model)",
+                "a gpytorch ExactGP with training data (e.g. from build_exact_gp(x, y))",
+                type(model).__name__,
+            )
+        )
     if num_restarts is None:
         num_restarts = 4 if model.train_inputs[0].shape[-2] <= 500 else 2
     num_restarts = check_positive_int(num_restarts, "fit_exact_gp.num_restarts")
+    fallback_lr = check_learning_rate(fallback_lr, "fit_exact_gp.fallback_lr")
     if next(iter(_unique_priors(model)), None) is None:
         num_restarts = 1  # every restart would repeat the first start
     name = name or type(model).__name__

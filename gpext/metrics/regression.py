@@ -58,6 +58,8 @@ def rmse(mean: Any, target: Any) -> float:
     Example:
         >>> round(rmse(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.0])), 6)
         1.414214
+        >>> rmse([2e200, 0.0], [0.0, 0.0])  # no overflow in the squares
+        1.414213562373095e+200
     """
     mean, target = _float_inputs("rmse", mean=mean, target=target)
     _check_ndim(target, "rmse.target", (1, 2), "(N,) or (N, T)")
@@ -65,7 +67,12 @@ def rmse(mean: Any, target: Any) -> float:
     _check_nonempty(target, "rmse.target")
     _check_finite(mean, "rmse.mean")
     _check_finite(target, "rmse.target")
-    return torch.sqrt(((mean - target) ** 2).mean()).item()
+    resid = mean - target
+    # scaled by the largest residual so that squares of large values (1e200) do not overflow
+    scale = resid.abs().max()
+    if not bool(torch.isfinite(scale)) or float(scale) == 0.0:
+        return float(scale)
+    return (scale * torch.sqrt(((resid / scale) ** 2).mean())).item()
 
 
 def gaussian_log_likelihood(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 
 import gpytorch
 import torch
 from gpytorch.constraints import GreaterThan
 from gpytorch.priors import LogNormalPrior
 
-from gpext.errors import NotFittedError, ShapeError, expected_got
+from gpext.errors import InputDataError, NotFittedError, ShapeError, expected_got
 from gpext.fit import (
     FitResult,
     Standardizer,
@@ -271,7 +272,7 @@ class DirichletGPClassifier(gpytorch.Module):
         y: torch.Tensor,
         *,
         max_iter: int = 60,
-        lr: float = 1.0,
+        lr: float | None = None,
         hyper_subset: int | None = None,
         generator: torch.Generator | None = None,
         show_progress: bool | None = None,
@@ -282,10 +283,13 @@ class DirichletGPClassifier(gpytorch.Module):
             x: Training inputs.  # shape: (N, D)
             y: Integer labels in ``[0, C)``.  # shape: (N,)
             max_iter: L-BFGS iterations (at most ``2 * max_iter + 20`` evaluations).
-            lr: Unused (the line search chooses the step); kept for compatibility.
+            lr: Deprecated and unused (L-BFGS's line search chooses the step); passing it
+                warns with a ``DeprecationWarning``.
             hyper_subset: Fit the hyperparameters on a seeded random subset of this many points
-                (``None``: all); the posterior then conditions on all ``N`` points.  Cuts the
-                ``O(N^3)`` (exact) or ``O(M^2 N)`` (sparse) cost of each evaluation.
+                (``None``: all), at least ``2 * num_classes``: two points of every class (or
+                all of a smaller class), the rest drawn at random; the posterior then
+                conditions on all ``N`` points.  Cuts the ``O(N^3)`` (exact) or
+                ``O(M^2 N)`` (sparse) cost of each evaluation.
             generator: Random generator choosing the initial (and extra final) inducing points.
             show_progress: Progress bar over iterations.
 
@@ -295,7 +299,8 @@ class DirichletGPClassifier(gpytorch.Module):
         Raises:
             FitError: If the loss cannot be evaluated at the initial values.
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
-            InputDataError: If labels are outside ``[0, C)``, inputs are not finite or empty.
+            InputDataError: If labels are outside ``[0, C)``, inputs are not finite or empty,
+                or ``hyper_subset`` is below ``2 * num_classes``.
             InputTypeError: If ``x`` is not numeric or is float16 / bfloat16, or the labels
                 are not whole numbers.
         """
@@ -308,14 +313,29 @@ class DirichletGPClassifier(gpytorch.Module):
                     "DirichletGPClassifier.y", f"shape ({x.shape[0]},)", tuple(labels.shape)
                 )
             )
+        if lr is not None:
+            warnings.warn(
+                "DirichletGPClassifier.fit: lr is unused (L-BFGS's line search chooses the "
+                "step) and will be removed; drop the argument.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         start = time.perf_counter()
         full = self._sorted_data(x, labels)
         fit_data = full
-        if (
-            hyper_subset is not None
-            and check_positive_int(hyper_subset, "hyper_subset") < x.shape[0]
-        ):
-            idx = torch.randperm(x.shape[0], generator=generator)[:hyper_subset].to(x.device)
+        if hyper_subset is not None:
+            hyper_subset = check_positive_int(hyper_subset, "hyper_subset")
+            if hyper_subset < 2 * self.num_classes:
+                raise InputDataError(
+                    expected_got(
+                        "DirichletGPClassifier.fit.hyper_subset",
+                        f"None or at least 2 * num_classes = {2 * self.num_classes} points "
+                        "(the hyperparameters of every class need points of it)",
+                        hyper_subset,
+                    )
+                )
+        if hyper_subset is not None and hyper_subset < x.shape[0]:
+            idx = _stratified_subset(labels, hyper_subset, generator).to(x.device)
             fit_data = self._sorted_data(x[idx], labels[idx])
         self._train = fit_data
         x, labels = fit_data["x"], fit_data["labels"]
@@ -583,3 +603,16 @@ class DirichletGPClassifier(gpytorch.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, alpha_epsilon={self.transform.alpha_epsilon}"
+
+
+def _stratified_subset(
+    labels: torch.Tensor, size: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``size`` random row indices holding two rows of every class (all of a smaller one)."""
+    perm = torch.randperm(labels.shape[0], generator=generator)
+    shuffled = labels.cpu()[perm]
+    first = torch.zeros(labels.shape[0], dtype=torch.bool)
+    for c in shuffled.unique():
+        first[torch.nonzero(shuffled == c).reshape(-1)[:2]] = True
+    chosen = torch.cat([perm[first], perm[~first]])[:size]  # the class minimum first
+    return chosen

@@ -138,6 +138,7 @@ class GWIClassificationModel(GWIModel):
             ShapeError: If ``x`` is not ``(N, D)`` or ``y`` not ``(N,)``.
             InputDataError: If ``inducing`` is not ``"greedy"`` or ``"random"``, the labels
                 are out of range, or ``x`` or ``y`` has NaN or infinite entries.
+            InputTypeError: If the labels are not whole numbers (e.g. strings).
         """
         from gpext.likelihoods.robust_max_likelihood import RobustMaxLikelihood
 
@@ -148,7 +149,8 @@ class GWIClassificationModel(GWIModel):
             raise InputDataError(
                 expected_got(f"{cls.__name__}.from_data(x)", "at least one row", tuple(x.shape))
             )
-        y = torch.as_tensor(y).to(x.device) if not isinstance(y, torch.Tensor) else y
+        if not isinstance(y, torch.Tensor):  # strings and other non-numeric labels: an error
+            y = check_labels(y, j, "GWIClassificationModel.from_data: y").to(x.device)
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(
                 expected_got(

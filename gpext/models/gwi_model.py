@@ -51,7 +51,7 @@ from gpext.mlls import GWIObjective
 from gpext.mlls.gwi_objective import _check_beta
 from gpext.models.greedy_inducing_subset import greedy_inducing_subset
 from gpext.models.gwi_exact_prior import fit_exact_prior
-from gpext.utils import as_model_input, check_finite, check_positive_int
+from gpext.utils import as_model_input, check_finite, check_learning_rate, check_positive_int
 from gpext.utils.validation import check_rows
 from gpext.variational import WassersteinVariationalDistribution, WassersteinVariationalStrategy
 
@@ -214,7 +214,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         x: torch.Tensor,
         y: torch.Tensor,
         *,
-        epochs: int,
+        epochs: int = 1,
         batch_size: int = 256,
         lr: float = 1e-2,
         mean_lr: float | None = None,
@@ -250,7 +250,8 @@ class GWIModel(gpytorch.models.ApproximateGP):
             likelihood: Gaussian or robust-max likelihood (its parameters are trained too).
             x: Training inputs, original units. # shape: (N, D)
             y: Training targets, original units. # shape: (N,)
-            epochs: Passes over the data, at least (see ``min_steps``).
+            epochs: Passes over the data, at least; the default 1 leaves the budget to
+                ``min_steps`` (:attr:`MIN_STEPS` Adam steps, whatever ``N`` and the batch size).
             batch_size: Minibatch size.
             lr: Adam learning rate.
             mean_lr: Adam learning rate of the parameters of the mean module :math:`m_Q`
@@ -311,7 +312,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         Raises:
             ShapeError: If ``x`` and ``y`` do not match.
             InputDataError: If ``x``, ``y`` (or the validation data) have NaN or infinite
-                entries, if only one of ``x_val``, ``y_val`` is given, ``mean_lr < 0`` or
+                entries, if only one of ``x_val``, ``y_val`` is given, ``lr`` or ``mean_lr`` is not a finite number > 0, or
                 ``beta`` is not a finite number ``>= 0``.
             FitError: If the loss or a parameter became non-finite (the last finite state is
                 restored first).
@@ -338,8 +339,9 @@ class GWIModel(gpytorch.models.ApproximateGP):
         y_val = None if y_val is None else _as_targets(y_val, like)
         batch_size = check_positive_int(batch_size, "batch_size")
         eval_every = check_positive_int(eval_every, "eval_every")
-        if mean_lr is not None and not (isinstance(mean_lr, (int, float)) and mean_lr >= 0):
-            raise InputDataError(expected_got("mean_lr", "a learning rate >= 0 or None", mean_lr))
+        lr = check_learning_rate(lr, f"{type(self).__name__}.fit.lr")
+        mean_lr = check_learning_rate(mean_lr, f"{type(self).__name__}.fit.mean_lr",
+                                      allow_none=True)  # fmt: skip
         beta = _check_beta(beta, f"{type(self).__name__}.fit: beta")
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(

@@ -19,7 +19,7 @@ import math
 import gpytorch
 import torch
 
-from gpext.errors import InputDataError, ShapeError, expected_got
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.fit import (
     StandardizedGaussianLikelihood,
     Standardizer,
@@ -226,7 +226,12 @@ class GWIRegressionModel(GWIModel):
 
         Returns:
             ``(mean, variance)``, each of shape ``(N,)``.
+
+        Raises:
+            InputTypeError: If ``likelihood`` is not a Gaussian likelihood.
+            NotFittedError: Before :meth:`fit`.
         """
+        self._check_likelihood(likelihood, "predict")
         x = as_model_input(
             x, self.variational_strategy.inducing_points, f"{type(self).__name__}.predict(x)"
         )
@@ -248,7 +253,19 @@ class GWIRegressionModel(GWIModel):
     def noise_variance(self, likelihood: gpytorch.likelihoods.GaussianLikelihood) -> torch.Tensor:
         r"""The noise variance in the targets' units, :math:`s_y^2\sigma^2` (``likelihood.noise``
         holds :math:`\sigma^2` on the standardised targets); the temperature not included."""
+        self._check_likelihood(likelihood, "noise_variance")
         return likelihood.noise * self._target_scale2()
+
+    def _check_likelihood(self, likelihood, what: str) -> None:
+        if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
+            raise InputTypeError(
+                expected_got(
+                    f"{type(self).__name__}.{what}(likelihood)",
+                    "the GaussianLikelihood returned by from_data (or given to fit)",
+                    type(likelihood).__name__,
+                    "GWIClassificationModel is the classification model.",
+                )
+            )
 
     #: Training points on which :meth:`fit` checks the predictions (an evenly spaced subset).
     check_points: int = 1000

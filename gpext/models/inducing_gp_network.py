@@ -36,7 +36,7 @@ from gpext.kernels import FeatureMapKernel
 from gpext.models._ign_tasks import TASKS, resolve_task  # noqa: F401 (TASKS: the task names)
 from gpext.models.ign_probit_laplace import ProbitLaplace
 from gpext.nn import InputAugmentedEmbedding, SetEncoder
-from gpext.utils import as_model_input, check_finite, check_positive_int
+from gpext.utils import as_model_input, check_finite, check_learning_rate, check_positive_int
 from gpext.variational.feature_space_inducing_gp import FeatureSpaceInducingGP
 
 __all__ = ["GP_PARAMETER_TRAVEL", "InducingGPNetwork", "default_gp_lr"]
@@ -856,6 +856,8 @@ class InducingGPNetwork(gpytorch.Module):
                     "InducingGPNetwork.fit.lr_schedule", "'constant' or 'cosine'", repr(lr_schedule)
                 )
             )
+        lr = check_learning_rate(lr, "InducingGPNetwork.fit.lr")
+        gp_lr = check_learning_rate(gp_lr, "InducingGPNetwork.fit.gp_lr", allow_none=True)
         if validation_fraction is None:
             auto = y.shape[0] >= self.AUTO_VALIDATION_MIN_POINTS
             validation_fraction = 0.1 if auto else 0.0

@@ -257,7 +257,9 @@ class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
                 b_bar += gamma * (mm - b_bar)
                 a_bar += gamma * (torch.outer(d, m) - a_bar)
                 d2_bar += gamma * (d * d - d2_bar)
-                if t <= self.warmup:
+                # the first observation only sets the mean (d = 0); with no spread seen yet
+                # psi would go to its floor and every other point would get log-density -inf
+                if t <= max(self.warmup, 1) or float(d2_bar.mean()) == 0.0:
                     continue
                 h = b_bar if consistent else sigma + b_bar  # shape: (K, K)
                 f_new = torch.linalg.solve(h, a_bar.mT).mT  # A H^{-1} (H symmetric)
@@ -268,7 +270,7 @@ class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
                 clamped += int(low.sum())
                 psi_new = psi_new.clamp_min(floor)
             else:
-                if t <= self.warmup:
+                if t <= max(self.warmup, 1):  # the first observation only sets the mean
                     continue
                 e_hh = sigma + torch.outer(m, m)
                 f_ehh = f @ e_hh
@@ -308,12 +310,13 @@ class OnlineFactorAnalysis(LowRankGaussianWeightPosterior):
         return self.psi
 
     def _check_fitted(self) -> None:
-        if self.num_observations <= self.warmup:
+        if self.num_observations <= max(self.warmup, 1):
             if self.num_observations == 0:
                 raise NotFittedError("OnlineFactorAnalysis: call update(theta) first.")
             warnings.warn(
-                f"OnlineFactorAnalysis: only {self.num_observations} observations, not past the "
-                f"warm-up of {self.warmup}; F and psi are still their initial values.",
+                f"OnlineFactorAnalysis: only {self.num_observations} observation(s), not past "
+                f"the warm-up of {self.warmup} (the first observation only sets the mean); F "
+                "and psi are still their initial values.",
                 NumericalWarning,
                 stacklevel=4,
             )

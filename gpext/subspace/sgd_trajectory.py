@@ -25,7 +25,7 @@ from gpext.subspace.data import (
 from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 from gpext.subspace.trajectory_collector import TrajectoryCollector
-from gpext.utils import check_positive_int, progress_bar
+from gpext.utils import check_learning_rate, check_positive_int, progress_bar
 
 __all__ = ["STANDARDIZE_LOADER_ROWS", "train_sgd_trajectory"]
 
@@ -171,6 +171,8 @@ def train_sgd_trajectory(
         NumericalError: If the loss becomes non-finite.
     """
     epochs = check_positive_int(epochs, "train_sgd_trajectory.epochs")
+    lr = check_learning_rate(lr, "train_sgd_trajectory.lr")
+    swa_lr = check_learning_rate(swa_lr, "train_sgd_trajectory.swa_lr", allow_none=True)
     swa_start = check_positive_int(swa_start, "train_sgd_trajectory.swa_start", minimum=0)
     if swa_start >= epochs:
         raise InputDataError(

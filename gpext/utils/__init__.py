@@ -8,6 +8,7 @@ from gpext.utils.validation import (
     check_finite,
     check_float_dtype,
     check_labels,
+    check_learning_rate,
     check_positive_int,
     check_shape,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "check_finite",
     "check_float_dtype",
     "check_labels",
+    "check_learning_rate",
     "check_positive_int",
     "check_shape",
     "progress_bar",

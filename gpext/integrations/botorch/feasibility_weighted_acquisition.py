@@ -6,9 +6,10 @@ import math
 
 import torch
 from botorch.acquisition.acquisition import AcquisitionFunction
+from botorch.acquisition.analytic import AnalyticAcquisitionFunction
 from botorch.exceptions.errors import UnsupportedError
 
-from gpext.errors import InputDataError, InputTypeError, expected_got
+from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
 from gpext.integrations.botorch.latent_gp_surrogate import LatentGPSurrogate
 from gpext.integrations.botorch.sample_ensemble_surrogate import SampleEnsembleSurrogate
 
@@ -239,7 +240,22 @@ class FeasibilityWeightedAcquisition(AcquisitionFunction):
         Raises:
             InputDataError: If a non-log base acquisition returns a value below
                 ``infeasible_value``.
+            ShapeError: If an analytic base acquisition gets ``q > 1`` points per batch.
         """
+        if (
+            isinstance(self.acq_function, AnalyticAcquisitionFunction)
+            and X.dim() >= 2
+            and X.shape[-2] != 1
+        ):
+            raise ShapeError(
+                expected_got(
+                    "FeasibilityWeightedAcquisition(X)",
+                    f"q = 1 point per batch for the analytic {type(self.acq_function).__name__}",
+                    f"X of shape {tuple(X.shape)} (q = {X.shape[-2]})",
+                    "Use the Monte Carlo version (e.g. qLogNoisyExpectedImprovement) for "
+                    "optimize_acqf(..., q > 1).",
+                )
+            )
         value = self.acq_function(X)  # shape: (*batch,)
         log_pof = self.log_probability_of_feasibility(X)
         if self.log:

@@ -31,7 +31,7 @@ from gpext.subspace import (
     select_swag_scale,
     validation_log_likelihood,
 )
-from gpext.utils import check_positive_int
+from gpext.utils import check_learning_rate, check_positive_int
 
 __all__ = ["fit_weight_ensemble"]
 
@@ -428,6 +428,7 @@ def fit_weight_ensemble(
             expected_got("fit_weight_ensemble.swa_epochs", f"< epochs = {epochs}", swa_epochs)
         )
     num_samples = check_positive_int(num_samples, "fit_weight_ensemble.num_samples")
+    lr = check_learning_rate(lr, "fit_weight_ensemble.lr")
     runs = check_positive_int(num_components if method == "multiswag" else 1,
                               "fit_weight_ensemble.num_components")  # fmt: skip
     if recipes is None:

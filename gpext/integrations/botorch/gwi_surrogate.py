@@ -9,6 +9,7 @@ import gpytorch
 import torch
 from botorch.utils.datasets import SupervisedDataset
 from gpytorch.distributions import MultivariateNormal
+from linear_operator import to_linear_operator
 from linear_operator.operators import DenseLinearOperator
 
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
@@ -197,10 +198,10 @@ class GWISurrogate(LatentGPSurrogate):
         if self._classifier:  # batch (*b, J), event q
             return q
         t = self.model.temperature.to(X)
-        return MultivariateNormal(
-            q.mean.unsqueeze(-2),
-            DenseLinearOperator((t * q.lazy_covariance_matrix.to_dense()).unsqueeze(-3)),
-        )
+        # kept lazy: posterior(X) on many points (q = N) must not build the N x N matrix
+        # (100,000 points asked for 80 GB); its marginal variances come from the diagonal
+        cov = to_linear_operator(q.lazy_covariance_matrix) * t
+        return MultivariateNormal(q.mean.unsqueeze(-2), cov.unsqueeze(-3))
 
     def _latent_paths(
         self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None

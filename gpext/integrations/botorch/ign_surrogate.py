@@ -207,7 +207,18 @@ class IGNSurrogate(LatentGPSurrogate):
             )
         return fold
 
+    def _check_fitted(self, what: str) -> None:
+        # the network's forward runs on its initial (random) state: a posterior from it would
+        # be a silent wrong answer (mean 0, variance of the prior)
+        if not self.model._fitted:
+            raise NotFittedError(
+                f"IGNSurrogate.{what}: the wrapped InducingGPNetwork is not fitted; call "
+                "fit_gpext_surrogate(surrogate) or model.fit(x, y) (or load a fitted "
+                "state_dict) first."
+            )
+
     def _latent(self, X: torch.Tensor) -> MultivariateNormal:
+        self._check_fitted("posterior")
         self.model.eval()
         mvn = self.model(X)  # batch (*b, [C]), event q
         if self._multi:
@@ -226,6 +237,7 @@ class IGNSurrogate(LatentGPSurrogate):
         self, sample_shape: torch.Size, num_features: int, generator: torch.Generator | None
     ) -> torch.nn.Module:
         # regression: f = f0(g(x)) - k(g(x), Z) (K_ZZ + jitter)^{-1} (f0(Z) - r), 002 Eq. 7
+        self._check_fitted("function draws")
         if self.model.task != "regression":
             return super()._latent_paths(sample_shape, num_features, generator)
         from gpext.integrations.botorch._pathwise import InducingPointPath
