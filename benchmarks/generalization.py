@@ -112,7 +112,8 @@ processes); ``--reverse`` walks the list from its end and ``--skip-tables-in A B
 before each table, those that other processes' files already hold (two processes from both
 ends); ``--max-rows N`` keeps the tables of at most ``N`` rows, ``--task`` those of one task; ``--merge A B ...``
 fits nothing and writes the results file from such files, with every run's command in
-``tables.runs``.
+``tables.runs`` (the fits of a table and method in a later file replace an earlier file's:
+a rerun of some methods).
 
     python benchmarks/generalization.py --quick         # 4 small tables, 1 split, ~3 min
     python benchmarks/generalization.py --list-tables   # what the rule selects; fits nothing
@@ -1131,8 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="append each finished table's rows to this JSON-lines file and skip "
                    "the tables it already holds (resume)")  # fmt: skip
     p.add_argument("--merge", nargs="+", default=None, metavar="PATH",
-                   help="fit nothing: write the results file from these --rows-file files "
-                   "(runs over disjoint tables)")  # fmt: skip
+                   help="fit nothing: write the results file from these --rows-file files; a "
+                   "(table, method) in a later file replaces its fits in an earlier one")  # fmt: skip
     p.add_argument("--list-tables", action="store_true",
                    help="print the tables the rule selects and exit")  # fmt: skip
     args = p.parse_args(argv)
@@ -1140,23 +1141,32 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     if args.merge:
-        by_table: dict[str, tuple[dict, list[dict], list[dict]]] = {}
+        # a (table, method) in a later file replaces the earlier file's fits of it (a rerun
+        # of some methods on some tables); the tables' descriptions are kept once
+        described_by: dict[tuple[str, str], dict] = {}
+        rows_by: dict[tuple[str, str, str], list[dict]] = {}
+        cmp_by: dict[tuple[str, str, str], list[dict]] = {}
         runs = []
         for path in args.merge:
             r, c, t, h = read_rows_file(path)
             runs += h
-            for d in t:  # a table in two files keeps the later file's record
-                key = (d["task"], d["name"])
-                mine = [x for x in r if (x["task"], x["dataset"]) == key]
-                arms = {x["method"] for x in mine}  # a table may serve both tasks
-                by_table[f"{key}"] = (
-                    d,
-                    mine,
-                    [x for x in c if x["dataset"] == d["name"] and x["method"] in arms],
-                )
-        described = [v[0] for v in by_table.values()]
-        rows = [x for v in by_table.values() for x in v[1]]
-        comparisons = [x for v in by_table.values() for x in v[2]]
+            for d in t:
+                described_by[(d["task"], d["name"])] = d
+            new_rows: dict[tuple[str, str, str], list[dict]] = {}
+            for x in r:
+                new_rows.setdefault((x["task"], x["dataset"], x["method"]), []).append(x)
+            task_of = {(x["dataset"], x["method"]): x["task"] for x in r}
+            new_cmp: dict[tuple[str, str, str], list[dict]] = {}
+            for x in c:
+                task = task_of.get((x["dataset"], x["method"]))
+                if task is not None:
+                    new_cmp.setdefault((task, x["dataset"], x["method"]), []).append(x)
+            for key, value in new_rows.items():
+                rows_by[key] = value
+                cmp_by[key] = new_cmp.get(key, [])
+        described = list(described_by.values())
+        rows = [x for value in rows_by.values() for x in value]
+        comparisons = [x for value in cmp_by.values() for x in value]
         if not runs:
             raise SystemExit(f"--merge: no run header in {args.merge}")
         record = dict(runs[0]["tables"])

@@ -99,7 +99,7 @@ REFIT_RIDGE: float = 1.0
 def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
     """The shared budget of one fit.
 
-    ``num_inducing``, ``epochs``, ``batch_size``; Adam with learning rate ``lr`` for network
+    ``num_inducing`` (at most the number of training rows), ``epochs``, ``batch_size``; Adam with learning rate ``lr`` for network
     weights and ``gp_lr`` for everything else (inducing points, kernel and likelihood
     hyperparameters, variational parameters, pseudo-label function), both annealed to zero by
     a cosine schedule over all minibatch steps (``lr_schedule``).  Regression: full-run epochs
@@ -108,19 +108,21 @@ def ign_budget(split: DatasetSplit, config: BenchConfig) -> dict:
     pseudo-label refit, and ``minibatch_covariance`` (:data:`IGN_MINIBATCH_COVARIANCE` by
     ``split.name``, else ``"independent"``).
     """
+    # at most one inducing point per training row (a small table has fewer rows than the
+    # budget's count; InducingGPNetwork places Z at training features)
+    n = split.num_train
     if split.task == "classification":
         return {
-            "num_inducing": config.budget(32, 64),
+            "num_inducing": min(config.budget(32, 64), n),
             "epochs": config.budget(3, 10),
             "batch_size": 128,
             "lr": 3e-3,
             "gp_lr": 0.01,
             "lr_schedule": "cosine",
         }
-    n = split.num_train
     default = 6 if n > 20000 else 12
     return {
-        "num_inducing": config.budget(64, 128),
+        "num_inducing": min(config.budget(64, 128), n),
         "epochs": config.budget(2 if n > 20000 else 4, REGRESSION_EPOCHS.get(split.name, default)),
         "batch_size": 256,
         "lr": 5e-3,
