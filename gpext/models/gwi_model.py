@@ -312,7 +312,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
         Raises:
             ShapeError: If ``x`` and ``y`` do not match.
             InputDataError: If ``x``, ``y`` (or the validation data) have NaN or infinite
-                entries, if only one of ``x_val``, ``y_val`` is given, ``lr`` or ``mean_lr`` is not a finite number > 0, or
+                entries, if only one of ``x_val``, ``y_val`` is given, ``lr`` or ``mean_lr`` is not a finite number >= 0, or
                 ``beta`` is not a finite number ``>= 0``.
             FitError: If the loss or a parameter became non-finite (the last finite state is
                 restored first).
@@ -339,9 +339,10 @@ class GWIModel(gpytorch.models.ApproximateGP):
         y_val = None if y_val is None else _as_targets(y_val, like)
         batch_size = check_positive_int(batch_size, "batch_size")
         eval_every = check_positive_int(eval_every, "eval_every")
-        lr = check_learning_rate(lr, f"{type(self).__name__}.fit.lr")
+        # 0 keeps a group fixed (e.g. lr=0 with mean_lr > 0 trains only the mean)
+        lr = check_learning_rate(lr, f"{type(self).__name__}.fit.lr", allow_zero=True)
         mean_lr = check_learning_rate(mean_lr, f"{type(self).__name__}.fit.mean_lr",
-                                      allow_none=True)  # fmt: skip
+                                      allow_none=True, allow_zero=True)  # fmt: skip
         beta = _check_beta(beta, f"{type(self).__name__}.fit: beta")
         if x.dim() != 2 or y.dim() != 1 or y.shape[0] != x.shape[0]:
             raise ShapeError(

@@ -171,8 +171,10 @@ def train_sgd_trajectory(
         NumericalError: If the loss becomes non-finite.
     """
     epochs = check_positive_int(epochs, "train_sgd_trajectory.epochs")
-    lr = check_learning_rate(lr, "train_sgd_trajectory.lr")
-    swa_lr = check_learning_rate(swa_lr, "train_sgd_trajectory.swa_lr", allow_none=True)
+    # 0 is allowed: a frozen network (e.g. to fit only a learned noise)
+    lr = check_learning_rate(lr, "train_sgd_trajectory.lr", allow_zero=True)
+    swa_lr = check_learning_rate(swa_lr, "train_sgd_trajectory.swa_lr", allow_none=True,
+                                 allow_zero=True)  # fmt: skip
     swa_start = check_positive_int(swa_start, "train_sgd_trajectory.swa_start", minimum=0)
     if swa_start >= epochs:
         raise InputDataError(

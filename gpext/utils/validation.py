@@ -229,12 +229,15 @@ def check_positive_int(value: object, name: str, *, minimum: int = 1) -> int:
     return int(value)
 
 
-def check_learning_rate(value: object, name: str, *, allow_none: bool = False) -> float | None:
+def check_learning_rate(
+    value: object, name: str, *, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
     """Check that a learning rate (or another step size) is a finite number ``> 0``.
 
     ``torch.optim`` raises a bare ``ValueError`` for a negative one and accepts some that
     silently ruin a fit; this names the argument instead.  ``None`` passes with
-    ``allow_none`` (a default chosen by the model).
+    ``allow_none`` (a default chosen by the model), and 0 with ``allow_zero`` (a parameter
+    group that is to stay fixed).
     """
     if value is None and allow_none:
         return None
@@ -242,10 +245,10 @@ def check_learning_rate(value: object, name: str, *, allow_none: bool = False) -
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputTypeError(expected_got(name, "a number > 0", repr(value)))
-    if not (math.isfinite(float(value)) and float(value) > 0):
-        raise InputDataError(
-            expected_got(name, "a finite number > 0", float(value), "Pass a positive step size.")
-        )
+    bound = "a finite number >= 0" if allow_zero else "a finite number > 0"
+    ok = float(value) >= 0 if allow_zero else float(value) > 0
+    if not (math.isfinite(float(value)) and ok):
+        raise InputDataError(expected_got(name, bound, float(value), "Pass a positive step size."))
     return float(value)
 
 

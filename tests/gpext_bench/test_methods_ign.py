@@ -76,12 +76,13 @@ class TestRefitRidge:
             M.make_embedding(split), num_inducing=16, minibatch_covariance=covariance
         )
         b = self.BUDGET
+        # ridge 1 (or None): the fit's own pseudo-label refit; another ridge: refit after
         model.fit(
             split.train_x, split.train_y, epochs=b["epochs"], batch_size=b["batch_size"],
             lr=b["lr"], gp_lr=b["gp_lr"], lr_schedule=b["lr_schedule"], generator=gen,
-            refit_pseudo_labels=ridge is None, show_progress=False, validation_fraction=0.0,
+            refit_pseudo_labels=ridge in (None, 1.0), show_progress=False,
         )  # fmt: skip
-        if ridge is not None:
+        if ridge not in (None, 1.0):
             model.refit_pseudo_labels(split.train_x, split.train_y, ridge=ridge)
         return model.predict(split.test_x)
 
