@@ -10,8 +10,8 @@ from gpytorch.kernels import Kernel
 from gpytorch.priors import Prior
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.kernels._checked_inputs import CheckedInputsMixin
 from gpext.utils import check_positive_int
-from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["NeuralTangentKernel"]
 
@@ -48,7 +48,7 @@ def _arccos_kappas(rho: torch.Tensor, same: torch.Tensor | None) -> tuple[torch.
     return k0, k1
 
 
-class NeuralTangentKernel(Kernel):
+class NeuralTangentKernel(CheckedInputsMixin, Kernel):
     r"""NTK or NNGP kernel of the infinite-width NTK-parameterised ReLU MLP of 001 Eq. (2).
 
     The network is the one :class:`~gpext.bootstrap.VBootMLP` trains
@@ -352,18 +352,10 @@ class NeuralTangentKernel(Kernel):
             mask = torch.eye(n, dtype=torch.bool, device=x1.device)
         return self._recursion(s12, q1, q2, sw, sb, mask, diagonal=False)
 
-    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
-        """Evaluate the kernel; numpy arrays and integer tensors become the kernel's dtype."""
-        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
-        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+    _match_dtype = False
 
-    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
-        """Inputs of the module's dtype class (float32 or float64; the variances follow them)."""
-        raw = self.raw_weight_variance
-        return as_kernel_inputs(
-            x1, x2, "NeuralTangentKernel", dtype=raw.dtype, device=raw.device,
-            same_width=width, finite=finite,
-        )  # fmt: skip
+    def _input_reference(self) -> torch.Tensor:
+        return self.raw_weight_variance
 
     def _recursion(
         self,

@@ -19,16 +19,16 @@ from gpext.errors import (
     ShapeError,
     expected_got,
 )
+from gpext.kernels._checked_inputs import CheckedInputsMixin
 from gpext.operators.incremental_kpca import IncrementalKPCA
 from gpext.utils import as_float_tensor, check_finite
-from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["NystromKPCAKernel"]
 
 _ON_CHANGE = ("refresh", "raise")
 
 
-class NystromKPCAKernel(Kernel):
+class NystromKPCAKernel(CheckedInputsMixin, Kernel):
     r"""Nyström approximation of a base kernel on landmarks, from their kernel-PCA eigenpairs.
 
     With the landmarks :math:`Z` (``m`` points), the eigendecomposition
@@ -307,19 +307,12 @@ class NystromKPCAKernel(Kernel):
         r2 = r2.expand(*batch, *r2.shape[-2:])
         return MatmulLinearOperator(r1, r2.mT)
 
-    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
-        """Evaluate the kernel; numpy arrays and integer tensors become the landmarks' dtype."""
-        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
-        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+    _match_dtype = True
+
+    def _input_reference(self) -> torch.Tensor:
+        return self.landmarks
 
     # ------------------------------------------------------------------ internals
-    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
-        """Inputs in the landmarks' dtype and on their device."""
-        z = self.landmarks
-        return as_kernel_inputs(
-            x1, x2, "NystromKPCAKernel", dtype=z.dtype, device=z.device, match_dtype=True,
-            same_width=width, finite=finite,
-        )  # fmt: skip
 
     def _apply(self, fn, *args, **kwargs):
         dtype = self.kpca.dtype

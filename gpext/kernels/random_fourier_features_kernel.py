@@ -20,8 +20,8 @@ from linear_operator.operators import (
 )
 
 from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_got
+from gpext.kernels._checked_inputs import CheckedInputsMixin
 from gpext.utils import check_finite, check_positive_int
-from gpext.utils.validation import as_kernel_inputs
 
 __all__ = ["RandomFourierFeaturesKernel"]
 
@@ -29,7 +29,7 @@ __all__ = ["RandomFourierFeaturesKernel"]
 _NU = {"rbf": None, "matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
 
 
-class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
+class RandomFourierFeaturesKernel(CheckedInputsMixin, gpytorch.kernels.Kernel):
     r"""Random-Fourier-feature approximation of the RBF or a Matern kernel.
 
     With lengthscales :math:`\ell` and ``S`` spectral samples :math:`\omega_1, \dots, \omega_S`
@@ -319,18 +319,10 @@ class RandomFourierFeaturesKernel(gpytorch.kernels.Kernel):
             return RootLinearOperator(z1)
         return MatmulLinearOperator(z1, z2.mT)
 
-    def __call__(self, x1, x2=None, diag=False, last_dim_is_batch=False, **params):
-        """Evaluate the kernel; numpy arrays and integer tensors become the kernel's dtype."""
-        x1, x2 = self._check_inputs(x1, x2, width=self.active_dims is None)
-        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+    _match_dtype = False
 
-    def _check_inputs(self, x1, x2, *, finite: bool = False, width: bool = True):
-        """Inputs of the module's dtype class (float32 or float64; the features follow them)."""
-        raw = self.raw_lengthscale
-        return as_kernel_inputs(
-            x1, x2, "RandomFourierFeaturesKernel", dtype=raw.dtype, device=raw.device,
-            same_width=width, finite=finite,
-        )  # fmt: skip
+    def _input_reference(self) -> torch.Tensor:
+        return self.raw_lengthscale
 
 
 def _check_generator(generator: object, name: str) -> None:
