@@ -1002,7 +1002,7 @@ SUMMARY_COLUMNS = ("method", "kind", "task", "tables", "fits", "share_within_0.1
 ROW_COLUMNS = ("dataset", "transform", "split", "method", "n_train", "d", "nll", "ref_nll",
                "rmse", "accuracy", "coverage95", "z2", "gap_beyond_2sd", "scale_mean_rel_diff",
                "scale_nll_diff", "seconds", "warnings", "warning", "silent_failure",
-               "bad_fit_reason", "failure")  # fmt: skip
+               "bad_nll", "bad_coverage_low", "bad_coverage_high", "failed")  # fmt: skip
 
 
 def markdown_preamble(summary, goal_values, comparisons, table_record) -> str:
@@ -1069,9 +1069,33 @@ def _append_table(path: str, table: Table, rows: list[dict], comparisons: list[d
                             "comparisons": comparisons}) + "\n")  # fmt: skip
 
 
+def stored_rows(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """The rows as the results file stores them: metrics as numbers only.
+
+    The text fields of a run's rows become flags (``standardised_by_arm``, ``failed``,
+    ``bad_nll`` / ``bad_coverage_low`` / ``bad_coverage_high``); the error text of each failed
+    fit goes to the second list, ``{dataset, method, split, transform, failure}``.
+    """
+    out, failures = [], []
+    for r in rows:
+        r = dict(r)
+        r["standardised_by_arm"] = float(r.pop("arm", "") != "raw")
+        reason = r.pop("bad_fit_reason", "")
+        for flag in ("nll", "coverage_low", "coverage_high"):
+            r[f"bad_{flag}"] = float(reason == flag)
+        failure = r.pop("failure", "")
+        r["failed"] = float(bool(failure))
+        if failure:
+            failures.append({k: r[k] for k in ("dataset", "method", "split", "transform")}
+                            | {"failure": failure})  # fmt: skip
+        out.append(r)
+    return out, failures
+
+
 def _write(rows, comparisons, record, methods, splits, command, args) -> None:
     summary = method_summary(rows)
     goal_values = goals(rows, comparisons)
+    rows, failures = stored_rows(rows)
     record["splits"] = splits
     extra = {
         "goals": goal_values,
@@ -1086,11 +1110,12 @@ def _write(rows, comparisons, record, methods, splits, command, args) -> None:
             "not_silent": "any gpext warning, or a fit that raised",
         },
         "methods": methods,
+        "failures": failures,
     }
     json_path, md_path = write_results(
         "generalization", rows, out_dir(args), command=command.strip(), extra=extra,
         title="Generalization of the default methods (raw units, tables chosen by rule)",
-        markdown_skip=("summary", "scale_consistency", "tables", "goals", "runs"),
+        markdown_skip=("summary", "scale_consistency", "tables", "goals", "runs", "failures"),
         preamble=markdown_preamble(summary, goal_values, comparisons, record),
         columns=[c for c in ROW_COLUMNS if any(c in r for r in rows)], max_width=120,
     )  # fmt: skip
