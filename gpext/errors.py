@@ -34,6 +34,7 @@ __all__ = [
     "OptimizerStallWarning",
     "ConvergenceWarning",
     "NoSignalWarning",
+    "ReferenceGapWarning",
     "MiscalibrationWarning",
     "OverconfidenceWarning",
     "UnderconfidenceWarning",
@@ -152,6 +153,17 @@ class NoSignalWarning(FitWarning):
 
     Held-out (or cross-validated) :math:`R^2 \le 0`: either the targets carry no signal about
     the inputs, or the fit failed to find it; either way its predictive mean is worthless.
+    """
+
+
+class ReferenceGapWarning(FitWarning):
+    r"""On rows the fit did not train on, the model is clearly worse than a plain exact GP.
+
+    Its held-out negative log-likelihood per point exceeds that of a GPyTorch-style exact GP
+    (:func:`gpext.fit.build_exact_gp` + :func:`gpext.fit.fit_exact_gp`) fitted to the same
+    training rows by more than :data:`gpext.fit.checks.REFERENCE_NLL_MARGIN` nats: on this
+    table the model's extra flexibility costs more than it buys (typically a network on a few
+    hundred rows or fewer).  Use the exact GP, or a model with fewer parameters.
     """
 
 

@@ -27,6 +27,7 @@ from gpext.fit import (
     check_heldout,
     check_predictions_vary,
     holdout_split,
+    reference_heldout_nll,
     train_loop,
 )
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
@@ -371,10 +372,13 @@ class VBootMLP(torch.nn.Module):
             copy.fit(x[tr], y[tr], num_epochs=num_epochs, batch_size=batch_size, lr=lr,
                      cosine_decay=cosine_decay, show_progress=False, check=False)  # fmt: skip
         means, variances = copy.predict_mixture(x[te])
+        reference = reference_heldout_nll(x[tr], y[tr], x[te], y[te],
+                                          generator=torch.Generator().manual_seed(0))  # fmt: skip
         check_heldout(
             means.mean(0), variances.mean(0) + means.var(0, unbiased=False), y[te],
             train_mean=y[tr].double().mean(), name="VBootMLP", result=result,
             what="rows held out from a refit on the rest", stacklevel=3,
+            reference_nll=reference,
         )  # fmt: skip
 
     def _train(

@@ -20,7 +20,14 @@ from gpext.bootstrap.rbf_hyperparameters import (
     fit_kernel_hyperparameters,
 )
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError, expected_got
-from gpext.fit import FitResult, Standardizer, StopReason, check_heldout, holdout_split
+from gpext.fit import (
+    FitResult,
+    Standardizer,
+    StopReason,
+    check_heldout,
+    holdout_split,
+    reference_heldout_nll,
+)
 from gpext.kernels.random_fourier_features_kernel import RandomFourierFeaturesKernel
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
 from gpext.utils import check_positive_int
@@ -443,9 +450,12 @@ class VBootRFF(torch.nn.Module):
         )  # fmt: skip
         f = torch.einsum("md,kcd->kmc", phi[te], w)[..., 0] + hp.mean[0]  # shape: (K, M)
         var = f.var(0, unbiased=False) + noise[te, 0]
+        reference = reference_heldout_nll(z[tr], targets[tr, 0], z[te], targets[te, 0],
+                                          generator=torch.Generator().manual_seed(0))  # fmt: skip
         check_heldout(
             f.mean(0), var, targets[te, 0], train_mean=targets[tr, 0].mean(), name="VBootRFF",
             result=result, what="rows held out from a solve on the rest", stacklevel=3,
+            reference_nll=reference,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ prediction

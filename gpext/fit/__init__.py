@@ -35,6 +35,7 @@ from gpext.errors import (
     NoSignalWarning,
     OptimizerStallWarning,
     OverconfidenceWarning,
+    ReferenceGapWarning,
     UnderconfidenceWarning,
     VarianceCollapseWarning,
 )
@@ -49,9 +50,11 @@ from gpext.fit.checks import (
 )
 from gpext.fit.diagnostics import (
     AUTO_VALIDATION_MIN_POINTS,
+    AUTO_VALIDATION_MIN_ROWS,
     check_explained_variance,
     check_predictions_vary,
     check_signal_to_noise,
+    validation_rows,
 )
 from gpext.fit.exact_gp import (
     MultiOutputExactGP,
@@ -61,6 +64,7 @@ from gpext.fit.exact_gp import (
     fit_exact_gp,
     lengthscale_prior,
     log_prior,
+    reference_heldout_nll,
 )
 from gpext.fit.fit_result import FitResult, RestartRecord, StopReason
 from gpext.fit.lbfgs import EVALUATION_ERRORS, minimize_lbfgs
@@ -71,10 +75,12 @@ from gpext.fit.train_loop import minibatch_indices, still_improving, train_loop
 
 __all__ = [
     "AUTO_VALIDATION_MIN_POINTS",
+    "AUTO_VALIDATION_MIN_ROWS",
     "MIN_CHECK_POINTS",
     "HeldoutCheck",
     "MiscalibrationWarning",
     "NoSignalWarning",
+    "ReferenceGapWarning",
     "OverconfidenceWarning",
     "StandardizedGaussianLikelihood",
     "Standardizer",
@@ -83,8 +89,10 @@ __all__ = [
     "exact_gp_loo",
     "holdout_refit_check",
     "holdout_split",
+    "reference_heldout_nll",
     "refit_split",
     "still_improving",
+    "validation_rows",
     "EVALUATION_ERRORS",
     "ConstantPredictionWarning",
     "ConvergenceWarning",

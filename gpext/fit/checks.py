@@ -15,6 +15,11 @@ better than the training mean), :class:`~gpext.errors.OverconfidenceWarning` whe
 below :math:`0.95 - \max(0.07, 3\sqrt{0.95 \cdot 0.05 / n})` (three binomial standard errors,
 and at least 7 points: 0.88 at most), and :class:`~gpext.errors.UnderconfidenceWarning` when
 :math:`\overline{z^2} < 0.25` with coverage at least 0.99 (variances four times too large).
+Given the held-out NLL of a plain exact GP fitted to the same training rows
+(:func:`gpext.fit.exact_gp.reference_heldout_nll`), it also warns with
+:class:`~gpext.errors.ReferenceGapWarning` when the model's Gaussian NLL per point,
+:math:`\frac1n\sum_i \tfrac12\log(2\pi v_i) + \tfrac{(y_i - m_i)^2}{2 v_i}`, is more than
+:data:`REFERENCE_NLL_MARGIN` nats above it.
 
 Where a fit keeps no held-out rows (small tables), :func:`holdout_refit_check` fits a copy of
 the model on 80% of the rows and checks it on the rest; exact GPs use the closed-form
@@ -30,12 +35,18 @@ from dataclasses import dataclass
 
 import torch
 
-from gpext.errors import NoSignalWarning, OverconfidenceWarning, UnderconfidenceWarning
+from gpext.errors import (
+    NoSignalWarning,
+    OverconfidenceWarning,
+    ReferenceGapWarning,
+    UnderconfidenceWarning,
+)
 from gpext.fit.fit_result import FitResult
 
 __all__ = [
     "HeldoutCheck",
     "MIN_CHECK_POINTS",
+    "REFERENCE_NLL_MARGIN",
     "check_heldout",
     "exact_gp_loo",
     "holdout_refit_check",
@@ -45,6 +56,9 @@ __all__ = [
 
 #: Fewest held-out rows on which the interval checks are run (the R^2 check needs 5).
 MIN_CHECK_POINTS = 10
+#: Nats per held-out point by which a model may trail a plain exact GP on the same rows
+#: before :func:`check_heldout` warns (:class:`~gpext.errors.ReferenceGapWarning`).
+REFERENCE_NLL_MARGIN = 0.5
 #: Level of the central interval whose coverage is checked.
 LEVEL = 0.95
 
@@ -58,6 +72,9 @@ class HeldoutCheck:
     mean_z2: float
     num_points: int
     problems: tuple[str, ...] = ()
+    #: Gaussian NLL per point of the predictions, and the exact-GP reference's (if given).
+    nll: float = math.nan
+    reference_nll: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -79,6 +96,8 @@ def check_heldout(
     result: FitResult | None = None,
     what: str = "held-out rows",
     stacklevel: int = 2,
+    reference_nll: float | None = None,
+    nll: float | None = None,
 ) -> HeldoutCheck:
     r"""Score Gaussian predictions on rows the fit did not train on; warn when they are bad.
 
@@ -93,6 +112,11 @@ def check_heldout(
         result: A fit result to record the problems in.
         what: How the rows were obtained, for the messages.
         stacklevel: Passed on to :func:`warnings.warn` (counted from the caller).
+        reference_nll: The held-out NLL per point of a plain exact GP fitted to the same
+            training rows (:func:`gpext.fit.exact_gp.reference_heldout_nll`); ``None``: no
+            comparison.
+        nll: The model's own held-out NLL per point where its predictive is not Gaussian
+            (e.g. a mixture); ``None``: the Gaussian NLL of ``mean`` and ``variance``.
 
     Returns:
         A :class:`HeldoutCheck`.
@@ -102,6 +126,8 @@ def check_heldout(
         OverconfidenceWarning: Coverage of the central 95% interval below the threshold of the
             module docstring, on at least :data:`MIN_CHECK_POINTS` rows.
         UnderconfidenceWarning: Variances about four or more times too large.
+        ReferenceGapWarning: NLL more than :data:`REFERENCE_NLL_MARGIN` nats per point above
+            ``reference_nll``, on at least :data:`MIN_CHECK_POINTS` rows.
     """
     m = mean.detach().reshape(-1).to(torch.float64)
     v = variance.detach().reshape(-1).to(torch.float64).clamp_min(1e-300)
@@ -118,6 +144,13 @@ def check_heldout(
         z = (t - m).pow(2) / v
         z2 = float(z.mean())
         cov = float((z <= 1.959963984540054**2).to(torch.float64).mean())
+    if nll is None:
+        nll = (
+            float((0.5 * (2 * math.pi * v).log() + (t - m).pow(2) / (2 * v)).mean())
+            if n
+            else math.nan
+        )
+    ref = math.nan if reference_nll is None else float(reference_nll)
     if n >= 5 and r2 <= 0:
         problems.append(NoSignalWarning.__name__)
         _warn(
@@ -150,7 +183,19 @@ def check_heldout(
             "predictive variances are several times too large, e.g. an undertrained noise.",
             stacklevel,
         )
-    return HeldoutCheck(r2, cov, z2, n, tuple(problems))
+    if n >= MIN_CHECK_POINTS and math.isfinite(ref) and not nll <= ref + REFERENCE_NLL_MARGIN:
+        problems.append(ReferenceGapWarning.__name__)
+        _warn(
+            result,
+            ReferenceGapWarning,
+            f"{name}: on {n} {what} its negative log-likelihood is {nll:.3g} nats per point "
+            f"against {ref:.3g} for a plain exact GP fitted to the same training rows (more "
+            f"than {REFERENCE_NLL_MARGIN} worse): on these data the model loses to the exact "
+            "GP. Use the exact GP (gpext.fit.build_exact_gp + fit_exact_gp) or a model with "
+            "fewer parameters, or give it more rows.",
+            stacklevel,
+        )
+    return HeldoutCheck(r2, cov, z2, n, tuple(problems), nll, ref)
 
 
 def _warn(result, category, message, stacklevel):
@@ -171,7 +216,12 @@ def holdout_split(
 
 
 def refit_split(
-    n: int, fraction: float, generator: torch.Generator | None, device: torch.device | str
+    n: int,
+    fraction: float,
+    generator: torch.Generator | None,
+    device: torch.device | str,
+    *,
+    minimum: int = MIN_CHECK_POINTS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Generator] | None:
     """Indices for a small-table refit check, and a generator for the copy's own fit.
 
@@ -179,11 +229,11 @@ def refit_split(
     :func:`holdout_split` and the copy's fit, so a seeded fit and its check are reproducible.
 
     Returns:
-        ``(train, held_out, copy_generator)`` on ``device``, or ``None`` when there are too
-        few rows for a split.
+        ``(train, held_out, copy_generator)`` on ``device``, or ``None`` when either part would
+        have fewer than ``minimum`` rows.
     """
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    split = holdout_split(n, fraction, torch.Generator().manual_seed(seed))
+    split = holdout_split(n, fraction, torch.Generator().manual_seed(seed), minimum=minimum)
     if split is None:
         return None
     tr, te = (i.to(device) for i in split)

@@ -9,7 +9,12 @@ import torch
 from gpext.errors import ConstantPredictionWarning, VarianceCollapseWarning
 from gpext.fit.fit_result import FitResult
 
-__all__ = ["check_explained_variance", "check_predictions_vary", "check_signal_to_noise"]
+__all__ = [
+    "check_explained_variance",
+    "check_predictions_vary",
+    "check_signal_to_noise",
+    "validation_rows",
+]
 
 #: Signal-to-noise variance ratio below which an exact GP's signal counts as collapsed.
 MIN_SIGNAL_TO_NOISE = 1e-3
@@ -20,6 +25,26 @@ MIN_EXPLAINED_VARIANCE = 0.1
 #: Smallest training set from which default fits hold out rows for early stopping and
 #: calibration (IGN's noise, GWI's temperature, the weight-subspace temperature).
 AUTO_VALIDATION_MIN_POINTS = 200
+#: Fewest rows (but at most a quarter of the data) a fit holds out when it holds out a
+#: fraction for calibration: a variance factor or temperature estimated on :math:`m` rows has a
+#: relative sd of about :math:`\sqrt{2/m}` (0.2 at 50 rows, 0.45 at 10).
+AUTO_VALIDATION_MIN_ROWS = 50
+
+
+def validation_rows(n: int, fraction: float, min_rows: int = AUTO_VALIDATION_MIN_ROWS) -> int:
+    r"""How many of ``n`` rows a fit holds out for calibration and checks.
+
+    :math:`\max(\operatorname{round}(f n), \min(m_{\min}, \lfloor n/4 \rfloor))` for a
+    fraction :math:`f > 0` (0 for :math:`f = 0`): a plain 10% of a 60-row table is 6 rows, too
+    few to calibrate a variance on or to run :func:`gpext.fit.check_heldout` (at least
+    :data:`~gpext.fit.checks.MIN_CHECK_POINTS` rows).
+
+    >>> validation_rows(60, 0.1), validation_rows(300, 0.1), validation_rows(5000, 0.1)
+    (15, 50, 500)
+    """
+    if fraction <= 0:
+        return 0
+    return max(int(round(fraction * n)), min(int(min_rows), n // 4))
 
 
 def _record(result: FitResult | None, category: type[Warning], message: str, stacklevel: int):

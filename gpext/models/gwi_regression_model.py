@@ -270,6 +270,15 @@ class GWIRegressionModel(GWIModel):
     #: Training points on which :meth:`fit` checks the predictions (an evenly spaced subset).
     check_points: int = 1000
 
+    def _restart_on_rows(self, likelihood, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Start the kernel-expansion mean at the sparse posterior mean of these rows (as
+        ``from_data`` did with all rows); the prior, ``Z`` and ``L`` depend on the inputs and
+        the prior fit only, and stay."""
+        mean = self.variational_strategy.mean_module
+        if isinstance(mean, _KernelExpansionMean):
+            xs, ys = self._standardize_data(x, y)
+            mean.initialize_posterior(xs, ys, float(likelihood.noise.detach().reshape(-1)[0]))
+
     def _check_fit(self, likelihood, x, y, result) -> None:
         r"""Warn about a degenerate fit: constant predictive means, little explained variance.
 

@@ -28,6 +28,7 @@ from gpext.fit import (
     holdout_split,
     minibatch_indices,
     minimize_scalar_on_grid,
+    reference_heldout_nll,
     refit_split,
     train_loop,
 )
@@ -964,19 +965,24 @@ class InducingGPNetwork(gpytorch.Module):
         self.eval()
         if calibrate_noise and x_val is not None:
             self.calibrate_noise(x_val, y_val)
-        held = None  # (mean, variance, targets, training mean, what) of rows not trained on
+        # (mean, variance, targets, training mean, what, (x_fit, y_fit, x_held)) of rows not
+        # trained on; the last entry is for the exact-GP reference of the checks
+        held = None
         if x_val is not None:
-            held = (*self.predict(x_val), y_val, float(y.double().mean()), "held-out rows")
+            held = (*self.predict(x_val), y_val, float(y.double().mean()), "held-out rows",
+                    (x, y, x_val))  # fmt: skip
         elif refit_copy is not None:
             held = self._refit_on_part(refit_copy, x, y, refit_args, calibrate_noise, generator)
         if check_fit and regression:
             if not self.check_fit(x, y, generator=generator):
                 result.add_problem(VarianceCollapseWarning.__name__)
             if held is not None:
-                mean, var, target, base, what = held
+                mean, var, target, base, what, (x_fit, y_fit, x_held) = held
+                reference = reference_heldout_nll(x_fit, y_fit, x_held, target,
+                                                  generator=torch.Generator().manual_seed(0))  # fmt: skip
                 self.heldout_check_ = check_heldout(
                     mean, var, target, train_mean=base, name="InducingGPNetwork.fit",
-                    result=result, what=what,
+                    result=result, what=what, reference_nll=reference,
                 )  # fmt: skip
         elif check_fit:
             sub = slice(0, min(y.shape[0], 2048))
@@ -1015,7 +1021,7 @@ class InducingGPNetwork(gpytorch.Module):
             }  # fmt: skip
         mean, var = fresh.predict(x[te])
         return (mean, var, y[te], float(y[tr].double().mean()),
-                "rows held out from a refit on the rest")  # fmt: skip
+                "rows held out from a refit on the rest", (x[tr], y[tr], x[te]))  # fmt: skip
 
     @torch.no_grad()
     def check_fit(

@@ -21,7 +21,8 @@
 * Data: every entry point that reads data takes tensors or a loader of batches (e.g. a
   ``torch.utils.data.DataLoader``), streamed batch by batch (:mod:`gpext.subspace.data`).
 * Inference in a subspace: :class:`SubspaceModel` with :class:`EllipticalSliceSampler` and
-  :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers; the linearised (GLM)
+  :class:`MeanFieldGaussian` VI; Bayesian model averaging helpers and their held-out calibration and check
+  (:func:`select_mixture_variance_scale`, :func:`check_mixture_heldout`); the linearised (GLM)
   predictive of a Gaussian over the coordinates or over (a selection of) the weights,
   :func:`linearized_predictive`; the exact posterior of the last linear layer with
   evidence-tuned prior and noise precisions, :class:`BayesianLastLayer`.
@@ -31,10 +32,12 @@ from gpext.fit.temperature import HyperparameterSelection
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.bayesian_last_layer import BayesianLastLayer
 from gpext.subspace.bayesian_model_averaging import (
+    check_mixture_heldout,
     classification_average,
     predict_weight_samples,
     regression_mixture_log_likelihood,
     regression_mixture_moments,
+    select_mixture_variance_scale,
 )
 from gpext.subspace.curve_subspace import CurveSubspace, bezier_point
 from gpext.subspace.elliptical_slice_sampler import EllipticalSliceSampler
@@ -123,6 +126,7 @@ __all__ = [
     "TrajectoryCollector",
     "WeightMixture",
     "WeightPosterior",
+    "check_mixture_heldout",
     "classification_average",
     "has_batch_norm",
     "predict_weight_samples",
@@ -130,5 +134,6 @@ __all__ = [
     "refresh_batch_norm",
     "regression_mixture_log_likelihood",
     "regression_mixture_moments",
+    "select_mixture_variance_scale",
     "train_sgd_trajectory",
 ]

@@ -12,16 +12,19 @@ import torch
 from torch import nn
 
 from gpext.errors import BatchNormWarning, ShapeError, expected_got
+from gpext.fit import MIN_CHECK_POINTS, HeldoutCheck, check_heldout, minimize_scalar_on_grid
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
 from gpext.subspace.data import _check_reiterable, _inputs_of, _is_loader
 from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.output_likelihood import OutputLikelihood
 
 __all__ = [
+    "check_mixture_heldout",
     "classification_average",
     "predict_weight_samples",
     "regression_mixture_log_likelihood",
     "regression_mixture_moments",
+    "select_mixture_variance_scale",
 ]
 
 
@@ -76,6 +79,117 @@ def regression_mixture_log_likelihood(
         )
     lp = -0.5 * (math.log(2 * math.pi) + variances.log() + (target - means) ** 2 / variances)
     return torch.logsumexp(lp, 0) - math.log(means.shape[0])
+
+
+def select_mixture_variance_scale(
+    means: torch.Tensor, variances: torch.Tensor, y: torch.Tensor
+) -> tuple[float, float]:
+    r"""The factor on every sample's predicted variance that maximises the held-out density.
+
+    .. math::
+
+        \hat\kappa = \arg\max_{\kappa > 0} \frac1M \sum_{i=1}^M \log \frac1S
+        \sum_{s=1}^S \mathcal N\big(y_i \mid \mu_{s,i}, \kappa\, \sigma^2_{s,i}\big),
+
+    on a grid of :math:`\log\kappa \in [-7, 7]` refined by golden section
+    (:func:`gpext.fit.minimize_scalar_on_grid`).  The rows must not have been used to train
+    the network (nor to draw the samples).
+
+    Args:
+        means: Per-sample predictive means on the held-out rows. # shape: (S, M)
+        variances: Per-sample predictive variances (noise included). # shape: (S, M)
+        y: The held-out targets. # shape: (M,)
+
+    Returns:
+        ``(kappa, mean held-out log density at kappa)``.
+
+    Raises:
+        ShapeError: If the shapes disagree.
+    """
+    _check_pair(means, variances)
+    y = y.reshape(-1).to(means)
+    if y.shape != means.shape[-1:]:
+        raise ShapeError(
+            expected_got("select_mixture_variance_scale(y)", f"shape ({means.shape[-1]},)",
+                         tuple(y.shape))
+        )  # fmt: skip
+    means, variances, y = means.double(), variances.double().clamp_min(1e-300), y.double()
+
+    def neg_ll(log_kappa: float) -> float:
+        return -float(regression_mixture_log_likelihood(means, variances * math.exp(log_kappa),
+                                                        y).mean())  # fmt: skip
+
+    log_kappa, value = minimize_scalar_on_grid(neg_ll, torch.linspace(-7.0, 7.0, 57).tolist())
+    return math.exp(log_kappa), -value
+
+
+def check_mixture_heldout(
+    means: torch.Tensor,
+    variances: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    variance_scale: float = 1.0,
+    cross_fit_variance: bool = False,
+    train_mean: float | torch.Tensor | None = None,
+    name: str = "Weight-sample model average",
+    stacklevel: int = 2,
+    reference_nll: float | None = None,
+) -> HeldoutCheck:
+    r"""The shared held-out check (:func:`gpext.fit.check_heldout`) of an equal mixture.
+
+    The mixture of the samples' Gaussians is moment-matched, mean
+    :math:`\bar\mu = \frac1S\sum_s\mu_s` and variance
+    :math:`\frac1S\sum_s \kappa\sigma^2_s + \frac1S\sum_s(\mu_s - \bar\mu)^2`, and scored
+    on held-out rows: :math:`R^2 \le 0` warns with :class:`~gpext.errors.NoSignalWarning`, a
+    coverage of the central 95% interval far below 0.95 with
+    :class:`~gpext.errors.OverconfidenceWarning`, variances several times too large with
+    :class:`~gpext.errors.UnderconfidenceWarning`.  With ``cross_fit_variance`` the factor
+    :math:`\kappa` was (or is to be) chosen on these same rows by
+    :func:`select_mixture_variance_scale`, so it is cross-fitted for the check: chosen on the
+    even rows for the odd ones and on the odd rows for the even ones (with fewer than
+    ``2 * MIN_CHECK_POINTS`` rows, on all of them: the check is then optimistic).
+
+    Args:
+        means: Per-sample predictive means on the held-out rows. # shape: (S, M)
+        variances: Per-sample predictive variances, before ``variance_scale``. # shape: (S, M)
+        y: The held-out targets. # shape: (M,)
+        variance_scale: :math:`\kappa` (ignored with ``cross_fit_variance``).
+        cross_fit_variance: Cross-fit :math:`\kappa` as above.
+        train_mean: The training targets' mean, the :math:`R^2` baseline (default the
+            held-out targets' mean).
+        name: What was fitted, for the messages.
+        stacklevel: Passed on to :func:`warnings.warn` (counted from the caller).
+        reference_nll: Held-out NLL per point of a plain exact GP fitted to the same training
+            rows (:func:`gpext.fit.reference_heldout_nll`), compared with the mixture's own
+            NLL (:func:`regression_mixture_log_likelihood`, at the factor above).
+
+    Returns:
+        The :class:`~gpext.fit.HeldoutCheck`.
+    """
+    _check_pair(means, variances)
+    means, variances = means.detach().double(), variances.detach().double()
+    y = y.detach().reshape(-1).double().to(means.device)
+    m = y.numel()
+    kappa = torch.full_like(y, float(variance_scale))
+    what = "held-out rows"
+    if cross_fit_variance:
+        if m >= 2 * MIN_CHECK_POINTS:
+            idx = torch.arange(m, device=means.device)
+            for part in (idx % 2 == 0, idx % 2 == 1):
+                kappa[part] = select_mixture_variance_scale(
+                    means[:, ~part], variances[:, ~part], y[~part]
+                )[0]
+            what += " (variance factor cross-fitted)"
+        else:
+            kappa.fill_(select_mixture_variance_scale(means, variances, y)[0])
+            what += " (variance factor fitted on the same rows)"
+    mean = means.mean(0)
+    var = (variances * kappa).mean(0) + means.var(0, unbiased=False)
+    nll = -float(regression_mixture_log_likelihood(means, variances * kappa, y).mean())
+    return check_heldout(
+        mean, var, y, train_mean=y.mean() if train_mean is None else train_mean, name=name,
+        what=what, stacklevel=stacklevel + 1, reference_nll=reference_nll, nll=nll,
+    )  # fmt: skip
 
 
 def classification_average(probs: torch.Tensor) -> torch.Tensor:

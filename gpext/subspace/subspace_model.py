@@ -23,22 +23,24 @@ from gpext.errors import (
     expected_got,
 )
 from gpext.fit import (
-    MIN_CHECK_POINTS,
     FitResult,
     HeldoutCheck,
     StopReason,
     TemperatureSelection,
     check_explained_variance,
-    check_heldout,
     minibatch_indices,
     minimize_lbfgs,
-    minimize_scalar_on_grid,
+    reference_heldout_nll,
     train_loop,
 )
 from gpext.metrics import mixture_gaussian_log_likelihood
 from gpext.nn.input_standardization import INPUT_LOC, attach_input_standardization
 from gpext.subspace.batch_norm import has_batch_norm, refresh_batch_norm
-from gpext.subspace.bayesian_model_averaging import predict_weight_samples
+from gpext.subspace.bayesian_model_averaging import (
+    check_mixture_heldout,
+    predict_weight_samples,
+    select_mixture_variance_scale,
+)
 from gpext.subspace.data import (
     _check_reiterable,
     _chunks,
@@ -58,22 +60,6 @@ from gpext.utils import check_finite, check_labels, check_positive_int
 from gpext.utils.validation import as_model_input
 
 __all__ = ["SubspaceModel"]
-
-
-def _variance_scale_search(
-    means: torch.Tensor, variances: torch.Tensor, y: torch.Tensor
-) -> tuple[float, float]:
-    r"""``(kappa, score)``: the factor on every sample's predicted variance that maximises the
-    mean held-out log density of the equal mixture, :math:`\frac1M \sum_i \log \frac1S
-    \sum_s \mathcal N(y_i; \mu_{s,i}, \kappa \sigma^2_{s,i})`, on a grid of
-    :math:`\log\kappa \in [-7, 7]` refined by golden section
-    (:func:`gpext.fit.minimize_scalar_on_grid`). # shapes: (S, M), (S, M), (M,)"""
-
-    def neg_ll(log_kappa: float) -> float:
-        return -mixture_gaussian_log_likelihood(means, variances * math.exp(log_kappa), y)
-
-    log_kappa, value = minimize_scalar_on_grid(neg_ll, torch.linspace(-7.0, 7.0, 57).tolist())
-    return math.exp(log_kappa), -value
 
 
 class SubspaceModel(nn.Module):
@@ -510,8 +496,13 @@ class SubspaceModel(nn.Module):
         self.check_fit(x, y, best[2])
         if self.likelihood.is_regression:
             train_mean = y.double().mean() if torch.is_tensor(y) else None
+            tensors = all(torch.is_tensor(v) for v in (x, y, x_val, y_val))
+            reference = (reference_heldout_nll(x, y, x_val, y_val,
+                                               generator=torch.Generator().manual_seed(0))
+                         if tensors else None)  # fmt: skip
             self.check_heldout(x_val, y_val, best[2], train_mean=train_mean,
-                               cross_fit_variance=calibrate_variance)  # fmt: skip
+                               cross_fit_variance=calibrate_variance,
+                               reference_nll=reference)  # fmt: skip
         return TemperatureSelection(best[0], best[2], scores)
 
     @torch.no_grad()
@@ -523,6 +514,7 @@ class SubspaceModel(nn.Module):
         *,
         train_mean: float | torch.Tensor | None = None,
         cross_fit_variance: bool = False,
+        reference_nll: float | None = None,
     ) -> HeldoutCheck:
         r"""The shared held-out check (:func:`gpext.fit.check_heldout`) of the model average.
 
@@ -544,6 +536,10 @@ class SubspaceModel(nn.Module):
             thetas: Subspace samples. # shape: (S, r)
             train_mean: The training targets' mean (default the held-out targets' mean).
             cross_fit_variance: Cross-fit :math:`\kappa` as above (else ``variance_scale``).
+            reference_nll: Held-out NLL of a plain exact GP fitted to the training rows
+                (:func:`gpext.fit.reference_heldout_nll`; :meth:`select_temperature` passes
+                it for tensor data): a :class:`~gpext.errors.ReferenceGapWarning` when the
+                model average is more than 0.5 nats per point worse.
 
         Returns:
             The :class:`~gpext.fit.HeldoutCheck`.
@@ -553,23 +549,11 @@ class SubspaceModel(nn.Module):
             out, y_all = self._predict_data(x_val, y_val, thetas)
         finally:
             self.variance_scale = saved
-        means, variances = out["means"].double(), out["variances"].double()
-        y_all = y_all.reshape(-1).double().to(means.device)
-        kappa = torch.full_like(y_all, float(saved))
-        m = y_all.numel()
-        if cross_fit_variance and m >= 2 * MIN_CHECK_POINTS:
-            idx = torch.arange(m, device=means.device)
-            for part in (idx % 2 == 0, idx % 2 == 1):
-                k, _ = _variance_scale_search(means[:, ~part], variances[:, ~part], y_all[~part])
-                kappa[part] = k
-        mean = means.mean(0)
-        var = (variances * kappa).mean(0) + means.var(0, unbiased=False)
-        return check_heldout(
-            mean, var, y_all,
-            train_mean=y_all.mean() if train_mean is None else train_mean,
+        return check_mixture_heldout(
+            out["means"], out["variances"], y_all, variance_scale=float(saved),
+            cross_fit_variance=cross_fit_variance, train_mean=train_mean,
+            reference_nll=reference_nll,
             name=f"SubspaceModel (T = {self.temperature:.3g}, {thetas.shape[0]} samples)",
-            what="held-out rows" + (" (variance factor cross-fitted)" if cross_fit_variance
-                                    else ""),
         )  # fmt: skip
 
     @torch.no_grad()
@@ -582,7 +566,7 @@ class SubspaceModel(nn.Module):
             out, y_val = self._predict_data(x_val, y_val, thetas)
         finally:
             self.variance_scale = saved
-        return _variance_scale_search(out["means"], out["variances"], y_val)
+        return select_mixture_variance_scale(out["means"], out["variances"], y_val)
 
     def calibrate_variance(
         self, x_val: torch.Tensor | Iterable, y_val: torch.Tensor | None, thetas: torch.Tensor

@@ -61,7 +61,10 @@ from gpext.errors import InputDataError, InputTypeError, ShapeError, expected_go
 from gpext.fit import minimize_scalar_on_grid
 from gpext.fit.temperature import HyperparameterSelection
 from gpext.nn import MLP, HeteroscedasticMLP
-from gpext.subspace.bayesian_model_averaging import predict_weight_samples
+from gpext.subspace.bayesian_model_averaging import (
+    predict_weight_samples,
+    select_mixture_variance_scale,
+)
 from gpext.subspace.data import (
     _check_reiterable,
     _is_loader,
@@ -72,7 +75,7 @@ from gpext.subspace.data import (
 from gpext.subspace.flat_parameters import FlatParameters, ParameterSelection
 from gpext.subspace.multi_swag import MultiSWAG
 from gpext.subspace.output_likelihood import OutputLikelihood
-from gpext.subspace.subspace_model import SubspaceModel, _variance_scale_search
+from gpext.subspace.subspace_model import SubspaceModel
 from gpext.subspace.weight_posterior import (
     LowRankGaussianWeightPosterior,
     WeightMixture,
@@ -974,7 +977,9 @@ def select_mixture_temperature(
         fitted[e] = qs
         pooled = {k: torch.cat([p[k] for p in preds], dim=0) for k in preds[0]}
         if calibrate_variance and "means" in pooled:
-            kappas[e], value = _variance_scale_search(pooled["means"], pooled["variances"], targets)
+            kappas[e], value = select_mixture_variance_scale(
+                pooled["means"], pooled["variances"], targets
+            )
             return value, draws
         return validation_log_likelihood(pooled, targets), draws
 

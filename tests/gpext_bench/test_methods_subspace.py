@@ -7,6 +7,7 @@ import torch
 
 import gpext_bench.methods_subspace as ms
 from gpext.errors import InputDataError
+from gpext.fit import validation_rows
 from gpext_bench import BenchConfig, evaluate_prediction, get_method
 from gpext_bench.data import load_dataset
 
@@ -33,7 +34,8 @@ class TestSubspaceBenchMethods:
         # whose fit and validation rows are disjoint and make up the split's training data
         torch.testing.assert_close(run.x, split.train_x)
         sel_run = run.selection_run
-        n_val = round(ms.VALIDATION_FRACTION * split.num_train)
+        # at least 50 rows or a quarter (gpext.fit.validation_rows), not a bare 10%
+        n_val = validation_rows(split.num_train, ms.VALIDATION_FRACTION)
         assert sel_run.val_x.shape[0] == n_val and sel_run.x.shape[0] == split.num_train - n_val
         rows = [tuple(r.tolist()) for r in split.train_x]
         both = [tuple(r.tolist()) for r in torch.cat([sel_run.x, sel_run.val_x])]
