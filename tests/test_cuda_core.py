@@ -160,3 +160,31 @@ def test_fit_exact_gp_on_the_device():
     with torch.no_grad():
         pred = model(x[:4])
     assert on_device(pred.mean)
+
+
+def test_small_table_gwi_refit_and_reference_check_on_the_device():
+    # below 200 rows: the refit copy (restarted from its own rows), its early stopping, the
+    # temperature and the held-out checks with the exact-GP reference, all on the device
+    from gpext.fit import reference_heldout_nll
+    from gpext.models import GWIRegressionModel
+    from gpext.subspace import check_mixture_heldout, select_mixture_variance_scale
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(80, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(5 * x[:, 0]) + 0.2 * torch.randn(80, generator=g, dtype=torch.float64)
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    model, lik = GWIRegressionModel.from_data(x[:60], y[:60], num_inducing=16, prior_steps=20,
+                                              generator=g)  # fmt: skip
+    model.fit(lik, x[:60], y[:60], epochs=50, generator=g)
+    assert model.temperature_calibration_["method"] == "refit"
+    assert model.heldout_check_.num_points == 12
+    mean, var = model.predict(lik, x[60:])
+    assert on_device(mean) and on_device(var)
+    ref = reference_heldout_nll(x[:60], y[:60], x[60:], y[60:])
+    cpu = reference_heldout_nll(x[:60].cpu(), y[:60].cpu(), x[60:].cpu(), y[60:].cpu())
+    assert ref is not None and abs(ref - cpu) < 1e-3
+    means = mean.unsqueeze(0) + 0.01 * randn(8, 20).to(DEVICE)
+    kappa, _ = select_mixture_variance_scale(means, var.expand(8, -1), y[60:])
+    check = check_mixture_heldout(means, var.expand(8, -1), y[60:], variance_scale=kappa,
+                                  reference_nll=ref)  # fmt: skip
+    assert check.num_points == 20

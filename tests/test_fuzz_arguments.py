@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpext.bootstrap import VBootMLP, VBootRFF
+from gpext.bootstrap import EnsembleMLP, VBootMLP, VBootRFF
 from gpext.errors import InputDataError, InputTypeError, NotFittedError, ShapeError
 from gpext.fit import build_exact_gp, fit_exact_gp
 from gpext.models import (
@@ -23,7 +23,7 @@ from gpext.models import (
     GWIRegressionModel,
     InducingGPNetwork,
 )
-from gpext.nn import MLP
+from gpext.nn import MLP, ClassifierMLP, HeteroscedasticMLP
 from gpext.subspace import OnlineFactorAnalysis, OutputLikelihood, train_sgd_trajectory
 from gpext.utils import check_learning_rate
 
@@ -206,3 +206,24 @@ def test_gwi_surrogate_defaults_and_lazy_posterior():
     small = model.posterior(xq[:5])
     torch.testing.assert_close(small.variance, var[:5])
     torch.testing.assert_close(small.mean, post.mean[:5])
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda h: MLP(2, h, 1),
+        lambda h: ClassifierMLP(2, h, 3),
+        lambda h: HeteroscedasticMLP(2, h),
+        lambda h: EnsembleMLP(3, 2, 1, h),
+        lambda h: VBootMLP(3, h),
+    ],
+    ids=["MLP", "ClassifierMLP", "HeteroscedasticMLP", "EnsembleMLP", "VBootMLP"],
+)
+def test_hidden_widths_take_one_integer_or_a_sequence(build):
+    """``MLP(2, 64, 1)`` was a raw ``TypeError: 'int' object is not iterable``."""
+    one, seq = build(64), build([64])
+    assert [p.shape for p in one.parameters()] == [p.shape for p in seq.parameters()]
+    with pytest.raises(InputTypeError, match="sequence of integers"):
+        build("64")
+    with pytest.raises(InputDataError, match=r"\[1\]"):
+        build([64, 0])

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 import torch
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import as_model_input, check_finite, check_float_dtype, check_positive_int
+from gpext.utils import (
+    as_model_input,
+    check_finite,
+    check_float_dtype,
+    check_layer_widths,
+    check_positive_int,
+)
 
 __all__ = ["EnsembleMLP"]
 
@@ -32,7 +38,7 @@ class EnsembleMLP(torch.nn.Module):
         num_particles: Number of networks ``K``.
         in_features: Input dimension ``d``.
         out_features: Output dimension ``C``.
-        hidden_sizes: Widths of the hidden layers, e.g. ``(512, 512)``.
+        hidden_sizes: Widths of the hidden layers, e.g. ``(512, 512)`` (one integer: one layer).
         dtype: Parameter dtype (float32 or float64).
         device: Parameter device.
 
@@ -56,7 +62,7 @@ class EnsembleMLP(torch.nn.Module):
         k = check_positive_int(num_particles, "EnsembleMLP.num_particles")
         d = check_positive_int(in_features, "EnsembleMLP.in_features")
         c = check_positive_int(out_features, "EnsembleMLP.out_features")
-        hidden = [check_positive_int(h, "EnsembleMLP.hidden_sizes") for h in hidden_sizes]
+        hidden = list(check_layer_widths(hidden_sizes, "EnsembleMLP.hidden_sizes"))
         dtype = check_float_dtype(dtype or torch.get_default_dtype(), "EnsembleMLP.dtype")
         self.num_particles = k
         self.in_features = d

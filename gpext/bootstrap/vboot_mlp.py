@@ -32,7 +32,7 @@ from gpext.fit import (
 )
 from gpext.fit.diagnostics import NETWORK_FIT_ADVICE
 from gpext.likelihoods.dirichlet_transform import DirichletTransform
-from gpext.utils import check_learning_rate, check_positive_int
+from gpext.utils import check_layer_widths, check_learning_rate, check_positive_int
 
 __all__ = ["DEFAULT_EPOCHS", "MIN_DEFAULT_STEPS", "VBootMLP"]
 
@@ -94,7 +94,7 @@ class VBootMLP(torch.nn.Module):
 
     Args:
         num_particles: Total number of particles ``K`` of the ensemble.
-        hidden_sizes: Hidden widths (001: ``(512, 512)``).
+        hidden_sizes: Hidden widths (001: ``(512, 512)``; one integer: one hidden layer).
         task: ``"regression"`` or ``"classification"``.
         num_classes: Number of classes ``C`` (required for classification).
         prior_std: Prior standard deviation ``alpha`` of every weight and bias.
@@ -136,9 +136,7 @@ class VBootMLP(torch.nn.Module):
             inputs=standardize, targets=standardize and task == "regression", name="VBootMLP"
         )
         self.num_particles = check_positive_int(num_particles, "VBootMLP.num_particles")
-        self.hidden_sizes = tuple(
-            check_positive_int(h, "VBootMLP.hidden_sizes") for h in hidden_sizes
-        )
+        self.hidden_sizes = check_layer_widths(hidden_sizes, "VBootMLP.hidden_sizes")
         self.task = check_task(task, "VBootMLP")
         self.num_classes = check_classes(task, num_classes, "VBootMLP")
         if not prior_std > 0:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import check_positive_int
+from gpext.utils import check_layer_widths, check_positive_int
 
 __all__ = ["ClassifierMLP"]
 
@@ -24,7 +24,7 @@ class ClassifierMLP(nn.Module):
 
     Args:
         in_features: Input dimension.
-        hidden_features: Hidden widths.
+        hidden_features: Hidden widths (one integer: one hidden layer).
         num_classes: Number of classes ``C`` (>= 2).
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         batch_norm: Insert :class:`torch.nn.BatchNorm1d` after each hidden linear layer.
@@ -56,8 +56,7 @@ class ClassifierMLP(nn.Module):
             )
         layers: list[nn.Module] = []
         width = self.in_features
-        for h in hidden_features:
-            h = check_positive_int(h, "ClassifierMLP.hidden_features")
+        for h in check_layer_widths(hidden_features, "ClassifierMLP.hidden_features"):
             layers.append(nn.Linear(width, h))
             if batch_norm:
                 layers.append(nn.BatchNorm1d(h))

@@ -28,7 +28,8 @@ class HeteroscedasticMLP(nn.Module):
 
     Args:
         in_features: Input dimension.
-        hidden_features: Hidden widths (drbayes UCI: ``[50]``; 000 toy: ``[200, 50, 50, 50]``).
+        hidden_features: Hidden widths (drbayes UCI: ``[50]``; 000 toy: ``[200, 50, 50, 50]``; one
+            integer: one hidden layer).
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         min_variance: Variance floor :math:`\sigma^2_{\min}`.
         normalize_last_hidden: Unit-norm last hidden layer (see :class:`~gpext.nn.MLP`).

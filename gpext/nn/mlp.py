@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gpext.errors import InputDataError, ShapeError, expected_got
-from gpext.utils import check_positive_int
+from gpext.utils import check_layer_widths, check_positive_int
 
 __all__ = ["MLP", "UnitNorm"]
 
@@ -48,7 +48,8 @@ class MLP(nn.Module):
 
     Args:
         in_features: Input dimension ``D``.
-        hidden_features: Widths of the hidden layers (may be empty: a linear map).
+        hidden_features: Widths of the hidden layers (may be empty: a linear map; one integer:
+            one hidden layer).
         out_features: Feature dimension ``d``.
         activation: ``"relu"``, ``"tanh"``, ``"elu"`` or ``"silu"``.
         layer_norm: Apply :class:`torch.nn.LayerNorm` to the output features, which keeps them on
@@ -84,7 +85,7 @@ class MLP(nn.Module):
         super().__init__()
         self.in_features = check_positive_int(in_features, "MLP.in_features")
         self.out_features = check_positive_int(out_features, "MLP.out_features")
-        hidden = [check_positive_int(h, "MLP.hidden_features") for h in hidden_features]
+        hidden = list(check_layer_widths(hidden_features, "MLP.hidden_features"))
         if activation not in _ACTIVATIONS:
             raise InputDataError(
                 expected_got("MLP.activation", f"one of {sorted(_ACTIVATIONS)}", repr(activation))

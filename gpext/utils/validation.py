@@ -220,6 +220,29 @@ def check_shape(
     return x
 
 
+def check_layer_widths(value: object, name: str) -> tuple[int, ...]:
+    """Hidden-layer widths: one positive integer (one hidden layer) or a sequence of them.
+
+    ``MLP(2, 64, 1)`` means one hidden layer of 64 units, as ``MLP(2, [64], 1)``; an empty
+    sequence means no hidden layer.
+
+    >>> check_layer_widths(64, "MLP.hidden_features"), check_layer_widths([32, 16], "h")
+    ((64,), (32, 16))
+
+    Raises:
+        InputTypeError: If ``value`` is neither an integer nor a sequence of integers.
+        InputDataError: If a width is below 1.
+    """
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (check_positive_int(value, name),)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise InputTypeError(
+            expected_got(name, "an integer or a sequence of integers (hidden-layer widths, "
+                         "e.g. 64 or [64, 64])", repr(value))
+        )  # fmt: skip
+    return tuple(check_positive_int(h, f"{name}[{i}]") for i, h in enumerate(value))
+
+
 def check_positive_int(value: object, name: str, *, minimum: int = 1) -> int:
     """Check that ``value`` is an integer ``>= minimum`` and return it as ``int``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
