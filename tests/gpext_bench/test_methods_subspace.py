@@ -1,6 +1,7 @@
 """The weight-space methods registered in gpext bench, on a small bundled data set."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -164,3 +165,32 @@ class TestSubspaceBenchMethods:
         assert fed.num_observations == direct.num_observations == 30
         torch.testing.assert_close(fed.loadings, direct.loadings)
         torch.testing.assert_close(fed.psi, direct.psi)
+
+
+def test_calibrate_on_validation_scales_the_variances_and_reports_the_check():
+    """The default subspace arms used to predict with the network's own variances: 10-50
+    times too large on some small raw-unit tables (test z^2 0.02-0.1), without a warning."""
+    from types import SimpleNamespace
+
+    from gpext.errors import ReferenceGapWarning, UnderconfidenceWarning
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+    sel = SimpleNamespace(x=x[:150], y=y[:150], val_x=x[150:], val_y=y[150:],
+                          reference_nll=None, reference_done=False)  # fmt: skip
+    centre = torch.sin(6 * x[150:, 0])
+    means = centre + 0.02 * torch.randn(10, 50, generator=g, dtype=torch.float64)
+    good = {"means": means, "variances": torch.full((10, 50), 0.01, dtype=torch.float64)}
+    kappa = ms.calibrate_on_validation(sel, good, "toy")
+    assert 0.5 < kappa < 2.0 and sel.reference_done and sel.reference_nll is not None
+    # variances 25 times too large: the factor undoes it and the check (cross-fitted) is quiet
+    wide = {"means": means, "variances": torch.full((10, 50), 0.25, dtype=torch.float64)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnderconfidenceWarning)
+        assert 0.02 < ms.calibrate_on_validation(sel, wide, "toy") < 0.08
+    # a mean that ignores the inputs loses to the exact GP by far more than 0.5 nats
+    flat = {"means": torch.zeros(10, 50, dtype=torch.float64) + y[:150].mean(),
+            "variances": torch.full((10, 50), 0.5, dtype=torch.float64)}  # fmt: skip
+    with pytest.warns(ReferenceGapWarning):
+        ms.calibrate_on_validation(sel, flat, "toy")
