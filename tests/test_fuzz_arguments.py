@@ -227,3 +227,16 @@ def test_hidden_widths_take_one_integer_or_a_sequence(build):
         build("64")
     with pytest.raises(InputDataError, match=r"\[1\]"):
         build([64, 0])
+
+
+def test_vboot_mlp_fit_takes_epochs_like_every_other_fit():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 2, generator=g)
+    y = x[:, 0] + 0.1 * torch.randn(30, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = VBootMLP(2, 8).fit(x, y, epochs=3, batch_size=10, check=False)
+        old = VBootMLP(2, 8).fit(x, y, num_epochs=3, batch_size=10, check=False)
+    assert len(res.losses) == len(old.losses) == 3
+    with pytest.raises(InputDataError, match="not both"):
+        VBootMLP(2, 8).fit(x, y, epochs=3, num_epochs=3)

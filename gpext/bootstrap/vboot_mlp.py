@@ -112,7 +112,7 @@ class VBootMLP(torch.nn.Module):
         >>> x = torch.randn(64, 3)
         >>> y = (x[:, 0] > 0).long()
         >>> model = VBootMLP(4, hidden_sizes=(16,), task="classification", num_classes=2)
-        >>> result = model.fit(x, y, num_epochs=2, batch_size=32)
+        >>> result = model.fit(x, y, epochs=2, batch_size=32)
         >>> model.predict_proba(x[:5]).shape
         torch.Size([5, 2])
     """
@@ -236,6 +236,7 @@ class VBootMLP(torch.nn.Module):
         y: torch.Tensor,
         *,
         particle_indices: Sequence[int] | None = None,
+        epochs: int | None = None,
         num_epochs: int | None = None,
         batch_size: int = 256,
         lr: float = 0.1,
@@ -261,10 +262,12 @@ class VBootMLP(torch.nn.Module):
             particle_indices: Global indices in ``[0, num_particles)`` of the particles to
                 train; default all.  Fit disjoint subsets on different workers and combine
                 them with :meth:`merge`.
-            num_epochs: Passes over the data (default: 12, or as many as give at least
+            epochs: Passes over the data (the name every gpext fit uses; default: 12, or as
+                many as give at least
                 :data:`MIN_DEFAULT_STEPS` optimiser steps when the data are small: 12
                 epochs of 10 points are 12 full-batch steps, after which the particles
                 still sat near their anchors, :math:`R^2 < 0` on the training targets).
+            num_epochs: The older name of ``epochs`` (give one of them).
             batch_size: Minibatch size (the likelihood term is rescaled by ``N / B``).
             lr: Adam learning rate (see above; ``0.1`` suits 512-wide NTK layers on
                 standardised inputs).
@@ -289,6 +292,12 @@ class VBootMLP(torch.nn.Module):
         x = check_inputs(x, "VBootMLP.fit", self.dtype)
         n, d = x.shape
         batch_size = min(check_positive_int(batch_size, "VBootMLP.fit batch_size"), n)
+        if epochs is not None and num_epochs is not None:
+            raise InputDataError(
+                expected_got("VBootMLP.fit", "epochs or its older name num_epochs, not both",
+                             f"epochs={epochs!r}, num_epochs={num_epochs!r}")
+            )  # fmt: skip
+        num_epochs = epochs if epochs is not None else num_epochs
         if num_epochs is None:  # full minibatches only: n // batch_size steps per epoch
             num_epochs = max(DEFAULT_EPOCHS, math.ceil(MIN_DEFAULT_STEPS / (n // batch_size)))
         num_epochs = check_positive_int(num_epochs, "VBootMLP.fit num_epochs")
@@ -367,7 +376,7 @@ class VBootMLP(torch.nn.Module):
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the copy's own diagnostics are not the model's
-            copy.fit(x[tr], y[tr], num_epochs=num_epochs, batch_size=batch_size, lr=lr,
+            copy.fit(x[tr], y[tr], epochs=num_epochs, batch_size=batch_size, lr=lr,
                      cosine_decay=cosine_decay, show_progress=False, check=False)  # fmt: skip
         means, variances = copy.predict_mixture(x[te])
         reference = reference_heldout_nll(x[tr], y[tr], x[te], y[te],
