@@ -892,7 +892,8 @@ def _subspace_method(
     t0 = time.perf_counter()
     exponent = run.temperature_exponent(subspace, config)
     kappa = 1.0
-    if run.selection_run is not None and inference == "ess":
+    # the default (heteroscedastic) arms; the homoscedastic ones keep the learned noise
+    if run.selection_run is not None and inference == "ess" and likelihood == HETEROSCEDASTIC:
         chosen = select_temperature(run.selection_run, subspace, config)
         kappa = calibrate_on_validation(
             run.selection_run,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 
+import gpytorch
 import numpy as np
 import torch
 from _botorch_fixtures import D, dirichlet, gwi, ign, objective, vboot_rff, weight_ensemble
@@ -154,7 +155,10 @@ class TestGPConditioningIsTheGaussianUpdate(BotorchTestCase):
                 cond = model.condition_on_observations(x0, y0, noise=torch.zeros_like(y0))
                 post = cond.posterior(x0)
                 with self.subTest(dtype=dtype, model=name):
-                    self.assertTrue(bool((post.variance <= 1e-4 * prior).all()))
+                    # up to GPyTorch's variance floor (1e-6 in float32): a model whose
+                    # calibrated prior variance is small here collapses to the floor
+                    floor = gpytorch.settings.min_variance.value(dtype)
+                    self.assertTrue(bool((post.variance <= 1e-4 * prior + floor).all()))
                     self.assertAllClose(post.mean, y0.expand_as(post.mean), atol=1e-3)
 
     def test_observation_noise_and_subset_output_on_the_conditioned_model(self):
