@@ -142,7 +142,7 @@ class GWIModel(gpytorch.models.ApproximateGP):
     #: Share of the rows a fit without validation rows refits without, to calibrate its
     #: temperature and check itself on them (:meth:`fit`).
     REFIT_CHECK_FRACTION: float = 0.2
-    #: Fewest rows on each side of that refit: from 25 rows up the copy chooses the step count
+    #: Fewest rows on each side of that refit: from 23 rows up the copy chooses the step count
     #: and the temperature (the interval checks need :data:`~gpext.fit.MIN_CHECK_POINTS`
     #: held-out rows, 50 rows in all; below that only the R^2 check runs).
     REFIT_MIN_ROWS: int = 5
@@ -298,23 +298,22 @@ class GWIModel(gpytorch.models.ApproximateGP):
                 and the mean squared z-score.
 
         Without validation rows (fewer than :attr:`AUTO_VALIDATION_MIN_POINTS` rows and no
-        ``x_val``; at least 25, :attr:`REFIT_MIN_ROWS` on each side), a copy of the model and likelihood as they were
-        before this call is first fitted with the same arguments on a random 80% of the rows
-        (:attr:`REFIT_CHECK_FRACTION`), with the other 20% as validation rows (early stopping:
-        its best state is restored; recorded in ``refit_selection_``).  This fit then takes the
-        copy's best number of optimiser steps instead of ``epochs`` and ``min_steps`` (no
-        :class:`~gpext.errors.ConvergenceWarning`: the budget was chosen on held-out rows):
-        on a few dozen rows, training ``Q`` away from the sparse posterior it starts at raises
-        the held-out NLL (on a 60-row table the best of 1,500 steps was step 0 or 30).  The
-        copy's temperature, selected on the same 20%, becomes this model's (``calibrate``;
-        recorded in ``temperature_calibration_``), and its predictions there stand in for
-        this model's in the checks (optimistic: the same rows chose its steps and its
-        temperature).  The copy keeps the prior, ``Z`` and the standardisation that
-        ``from_data`` built from all rows, so these rows are not wholly unseen.  Below 200
-        rows the temperature used to stay at 1: on a 151-row table the test NLL was 11.38
-        against the exact GP's 1.48 (predictive sd 0.12 against errors of 0.6), with no
-        warning.  It doubles the cost of a small fit; ``calibrate=False, check_fit=False``
-        skip it.
+        ``x_val``; at least 23, :attr:`REFIT_MIN_ROWS` held out), a copy of the model and
+        likelihood as they were before this call is first fitted with the same arguments on a
+        random 80% of the rows (:attr:`REFIT_CHECK_FRACTION`), with the other 20% as validation
+        rows (early stopping: its best state is restored; recorded in ``refit_selection_``).
+        This fit then takes the copy's best number of optimiser steps instead of ``epochs`` and
+        ``min_steps`` (no :class:`~gpext.errors.ConvergenceWarning`: the budget was chosen on
+        held-out rows): on a few dozen rows, training ``Q`` away from the sparse posterior it
+        starts at raises the held-out NLL (on a 60-row table the best of 1,500 steps was step 0
+        or 30). The copy's temperature, selected on the same 20%, becomes this model's
+        (``calibrate``; recorded in ``temperature_calibration_``), and its predictions there
+        stand in for this model's in the checks (optimistic: the same rows chose its steps and
+        its temperature). The copy keeps the prior, ``Z`` and the standardisation that
+        ``from_data`` built from all rows, so these rows are not wholly unseen. Below 200 rows
+        the temperature used to stay at 1: on a 151-row table the test NLL was 11.38 against the
+        exact GP's 1.48 (predictive sd 0.12 against errors of 0.6), with no warning. It doubles
+        the cost of a small fit; ``calibrate=False, check_fit=False`` skip it.
 
         Returns:
             A :class:`~gpext.fit.FitResult`: ``losses`` (per epoch, the mean minibatch negative
