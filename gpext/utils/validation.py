@@ -24,6 +24,7 @@ __all__ = [
     "check_labels",
     "check_learning_rate",
     "check_not_low_precision",
+    "check_layer_widths",
     "check_positive_int",
     "check_rows",
     "check_shape",
