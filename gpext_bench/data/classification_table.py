@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import functools
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from gpext.errors import DataFormatError, InputDataError, expected_got
+from gpext.errors import DataFormatError, DataWarning, InputDataError, expected_got
 from gpext_bench.data.parsers import check_finite, file_stamp
 
 __all__ = ["read_classification_table", "read_table"]
@@ -49,7 +50,9 @@ def read_table(
     Args:
         path: Text file (see :func:`read_classification_table` for header detection).
         task: ``"regression"``, ``"classification"`` or ``None``: classification, unless
-            the target column holds numbers that are not all integers (then regression).
+            the target column holds numbers that are not all integers (then regression); an
+            all-integer target read as labels this way warns with
+            :class:`~gpext.errors.DataWarning`, saying how to override it.
         target: Target column: a header name or a 0-based column index (as text or int);
             default as :func:`read_classification_table` picks the label column.
 
@@ -66,7 +69,18 @@ def read_table(
         raise InputDataError(
             expected_got("task", "'regression', 'classification' or None", repr(task))
         )
-    return _read(*file_stamp(path), task=task, target=None if target is None else str(target))
+    out = _read(*file_stamp(path), task=task, target=None if target is None else str(target))
+    names = out[2]
+    if task is None and out[3] == "classification" and all(_is_number(n) for n in names):
+        # (after the cached read: said on every read, not only the first)
+        warnings.warn(
+            f"{path}: the target column holds integers only ({len(names)} distinct values), "
+            "so it is read as class labels (classification). Pass --task regression (or "
+            "task='regression') to treat it as a number (counts, years, scores).",
+            DataWarning,
+            stacklevel=2,
+        )
+    return out
 
 
 def _read_cells(path: str) -> tuple[np.ndarray, list[int]]:

@@ -1,11 +1,12 @@
 """``gpext bench --task/--target`` on a user's own single-table folder."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
 
-from gpext.errors import DataFormatError, InputDataError
+from gpext.errors import DataFormatError, DataWarning, InputDataError
 from gpext_bench.cli import main
 from gpext_bench.data import dataset_info, load_dataset
 
@@ -29,8 +30,13 @@ def test_fractional_target_is_read_as_regression(tmp_path):
 
 def test_integer_target_needs_task_regression(tmp_path):
     folder = _table(tmp_path / "counts", [str(v) for v in range(60)])
-    assert dataset_info(str(folder))["task"] == "classification"  # the old default
-    assert dataset_info(str(folder), task="regression")["task"] == "regression"
+    # the default reads integers as labels, and says so and how to override it (it was silent)
+    with pytest.warns(DataWarning, match="--task regression"):
+        assert dataset_info(str(folder))["task"] == "classification"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        assert dataset_info(str(folder), task="regression")["task"] == "regression"
+        assert dataset_info(str(folder), task="classification")["task"] == "classification"
 
 
 def test_target_by_name_and_index(tmp_path):
