@@ -69,7 +69,10 @@ moment-matched predictive variance, 1 when calibrated), ``ece`` (classification)
 ``seconds``, ``warnings`` / ``warning`` / ``warning_classes`` (the gpext warnings of the fit:
 count, ``"<Class>: <first line>"`` of the first, distinct classes), ``failure`` (the error
 of a fit that raised; the run goes on), ``ref_nll`` and ``nll_vs_ref`` (the reference's NLL on
-the same split and the difference), and ``silent_failure``.
+the same split and the difference), and ``silent_failure``.  The results file keeps only
+numbers in its rows (:func:`stored_rows`): the warning text goes to its ``fit_warnings`` list
+(and the markdown's "Fit warnings" table), a failure's error to ``failures``, and a scaled
+copy's transform into the data set's name.
 
 **Silent failure** (:func:`is_bad_fit`, :func:`is_silent_failure`), defined before running: a
 fit that produced predictions (no ``failure``) and issued no gpext warning, while its NLL is
@@ -1069,33 +1072,44 @@ def _append_table(path: str, table: Table, rows: list[dict], comparisons: list[d
                             "comparisons": comparisons}) + "\n")  # fmt: skip
 
 
-def stored_rows(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
-    """The rows as the results file stores them: metrics as numbers only.
+def stored_rows(rows: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """The rows as the results file stores them: ``dataset`` and ``method`` text, the rest numbers.
 
-    The text fields of a run's rows become flags (``standardised_by_arm``, ``failed``,
-    ``bad_nll`` / ``bad_coverage_low`` / ``bad_coverage_high``); the error text of each failed
-    fit goes to the second list, ``{dataset, method, split, transform, failure}``.
+    The text fields of a run's rows become numbers or move out: ``arm`` becomes the flag
+    ``standardised_by_arm``; the bad-fit reason the flags ``bad_nll`` / ``bad_coverage_low`` /
+    ``bad_coverage_high``; ``task`` the flag ``classification``; a scaled copy's ``transform``
+    joins the data set's name (``"<table>@y*1e6"``, as in the log); the error of a failed fit
+    (flag ``failed``) goes to the second list, ``{dataset, method, split, failure}``; the
+    warning text (``warning``, ``warning_classes``) goes to the third list,
+    ``{dataset, method, split, classes, first}``, while ``warnings`` (the count) stays.
     """
-    out, failures = [], []
+    out, failures, warned = [], [], []
     for r in rows:
         r = dict(r)
         r["standardised_by_arm"] = float(r.pop("arm", "") != "raw")
         reason = r.pop("bad_fit_reason", "")
         for flag in ("nll", "coverage_low", "coverage_high"):
             r[f"bad_{flag}"] = float(reason == flag)
+        r["classification"] = float(r.pop("task", "") == "classification")
+        transform = r.pop("transform", "")
+        if transform:
+            r["dataset"] = f"{r['dataset']}@{transform}"
+        key = {k: r[k] for k in ("dataset", "method", "split")}
         failure = r.pop("failure", "")
         r["failed"] = float(bool(failure))
         if failure:
-            failures.append({k: r[k] for k in ("dataset", "method", "split", "transform")}
-                            | {"failure": failure})  # fmt: skip
+            failures.append(key | {"failure": failure})
+        first, classes = r.pop("warning", ""), r.pop("warning_classes", "")
+        if first or classes:
+            warned.append(key | {"classes": classes, "first": first})
         out.append(r)
-    return out, failures
+    return out, failures, warned
 
 
 def _write(rows, comparisons, record, methods, splits, command, args) -> None:
     summary = method_summary(rows)
     goal_values = goals(rows, comparisons)
-    rows, failures = stored_rows(rows)
+    rows, failures, warned = stored_rows(rows)
     record["splits"] = splits
     extra = {
         "goals": goal_values,
@@ -1111,12 +1125,20 @@ def _write(rows, comparisons, record, methods, splits, command, args) -> None:
         },
         "methods": methods,
         "failures": failures,
+        "fit_warnings": warned,
     }
+    preamble = markdown_preamble(summary, goal_values, comparisons, record)
+    preamble += "\n\n## Fit warnings\n\nThe gpext warnings of each warned fit: " + (
+        "its distinct classes and the first message.\n\n"
+        + format_markdown_table(warned, ("dataset", "method", "split", "classes", "first"),
+                                max_width=160)
+    )  # fmt: skip
     json_path, md_path = write_results(
         "generalization", rows, out_dir(args), command=command.strip(), extra=extra,
         title="Generalization of the default methods (raw units, tables chosen by rule)",
-        markdown_skip=("summary", "scale_consistency", "tables", "goals", "runs", "failures"),
-        preamble=markdown_preamble(summary, goal_values, comparisons, record),
+        markdown_skip=("summary", "scale_consistency", "tables", "goals", "runs", "failures",
+                       "fit_warnings"),
+        preamble=preamble,
         columns=[c for c in ROW_COLUMNS if any(c in r for r in rows)], max_width=120,
     )  # fmt: skip
     print(format_markdown_table(summary, SUMMARY_COLUMNS))

